@@ -1,0 +1,59 @@
+"""Per-rank root and the scheduler's init steps (``Scheduler.__init__`` encloses all rank init)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ..tracing import keys
+from ._attrs import read, server_args_attrs
+from .spec import Call, Phase
+
+M = "sglang.srt.managers.scheduler"
+_PARALLEL = (  # attribute key -> names on runtime_context.get_parallel() (0.5.21+)
+    (keys.TP_RANK, "tp_rank"), (keys.PP_RANK, "pp_rank"), (keys.EP_RANK, "moe_ep_rank"),
+    (keys.DP_RANK, "dp_rank"), (keys.WORLD_RANK, "world_rank"), ("sglang.tp_size", "tp_size"),
+    ("sglang.pp_size", "pp_size"), ("sglang.ep_size", "moe_ep_size"), ("sglang.dp_size", "dp_size"),
+)
+
+
+def rank_attrs(call: Call) -> dict[str, Any]:
+    """Ranks by argument name (≤0.5.20), else from the runtime context SGLang publishes (0.5.21+)."""
+    a = call.arguments
+    attrs: dict[str, Any] = {
+        keys.TP_RANK: a.get("tp_rank"), keys.PP_RANK: a.get("pp_rank"), keys.DP_RANK: a.get("dp_rank"),
+        keys.EP_RANK: a.get("moe_ep_rank"), keys.GPU_ID: a.get("gpu_id"),
+    }
+    context = sys.modules.get("sglang.srt.runtime_context")
+    parallel = read(context, "get_parallel")
+    if parallel is not None:
+        p = parallel()
+        for key, name in _PARALLEL:
+            if attrs.get(key) is None:
+                attrs[key] = read(p, name)
+        get_device = read(context, "get_device")
+        if attrs[keys.GPU_ID] is None and get_device is not None:
+            try:
+                attrs[keys.GPU_ID] = read(get_device(), "gpu_id")
+            except Exception:  # not published in this process
+                pass
+    attrs.update(server_args_attrs(a.get("server_args")))
+    return attrs
+
+
+def startup_time(call: Call, result: Any) -> dict[str, Any]:
+    """SGLang's own startup timings (0.5.17+), free to attach at rank ready."""
+    timings = read(call.instance, "startup_time")
+    if not isinstance(timings, dict):
+        return {}
+    return {f"sglang.startup_time.{k}": v for k, v in timings.items() if isinstance(v, (int, float))}
+
+
+PHASES = (
+    Phase("rank", (f"{M}:Scheduler.__init__",), kind="rank", enter=rank_attrs, exit=startup_time,
+          required=True),
+    Phase("scheduler.init_tp_worker", (f"{M}:Scheduler.init_tp_model_worker",)),
+    Phase("scheduler.init_memory_pools", (f"{M}:Scheduler.init_memory_pools",)),
+    Phase("scheduler.init_attention_backends", (f"{M}:Scheduler.init_all_attention_backends",)),
+    Phase("scheduler.init_cuda_graphs", (f"{M}:Scheduler.init_all_cuda_graphs",)),
+)

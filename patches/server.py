@@ -1,0 +1,61 @@
+"""The launching (main) process: launch, spawn and wait for ranks, warm up, server ready.
+
+The launch root span starts at process start and ends when the server is ready: when
+``Engine.__init__`` returns (offline engine), or when ``_wait_and_warmup`` logged SGLang's
+"fired up and ready to roll" line (HTTP server), which is how SGLang itself says it is ready.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ._attrs import server_args_attrs
+from .spec import Call, Phase
+
+ENGINE = "sglang.srt.entrypoints.engine"
+HTTP = "sglang.srt.entrypoints.http_server"
+READY_MESSAGE = "The server is fired up and ready to roll!"
+
+
+class _ReadyFilter(logging.Filter):
+    def __init__(self, state: dict[str, Any]) -> None:
+        super().__init__()
+        self.state = state
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == READY_MESSAGE:
+            self.state["ready"] = True
+        return True
+
+
+def _watch_ready(call: Call) -> dict[str, Any]:
+    call.state["filter"] = _ReadyFilter(call.state)
+    call.state["logger"] = logging.getLogger(call.state.get("logger_name", HTTP))
+    call.state["logger"].addFilter(call.state["filter"])
+    return server_args_attrs(call.arg("server_args"))
+
+
+def _ready_seen(call: Call, result: Any) -> dict[str, Any]:
+    call.state["logger"].removeFilter(call.state["filter"])
+    return {"sglang.server_ready": bool(call.state.get("ready"))}
+
+
+def _launch_args(call: Call) -> dict[str, Any]:
+    return server_args_attrs(call.arg("server_args"))
+
+
+def _engine_args(call: Call, result: Any) -> dict[str, Any]:
+    return server_args_attrs(getattr(call.instance, "server_args", None))
+
+
+PHASES = (
+    Phase("launch.engine", (f"{ENGINE}:Engine.__init__",), kind="launch", exit=_engine_args, ends_root=True),
+    Phase("launch.server", (f"{HTTP}:launch_server", "sglang.srt.server:launch_server"), kind="launch",
+          enter=_launch_args),
+    Phase("launch.subprocesses", (f"{ENGINE}:Engine._launch_subprocesses", f"{ENGINE}:_launch_subprocesses",
+                                  "sglang.srt.server:launch_engine")),
+    Phase("launch.wait_ranks", (f"{ENGINE}:_wait_for_scheduler_ready",)),
+    Phase("server.wait_ready", (f"{HTTP}:_wait_and_warmup", "sglang.srt.server:_wait_and_warmup"), kind="ready",
+          enter=_watch_ready, exit=_ready_seen),
+)

@@ -1,0 +1,1 @@
+"""Spans, journal, heartbeats, watchdog, exporters and the CLI of sglang-phasetrace."""

@@ -1,0 +1,44 @@
+"""Activation, called once per process on the first ``import sglang`` (see ``_phasetrace_boot``).
+
+Registers the patch engine's post-import hooks, before any SGLang module body runs. The tracing
+runtime itself (run directory, journal, provider) starts later, at the process's first phase.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from . import keys, runtime
+
+log = logging.getLogger("sglang_phasetrace")
+_active = False
+
+
+def activate(boot_ns: int | None = None) -> None:
+    global _active
+    if _active:
+        return
+    _active = True
+    from .. import patches
+
+    rt = runtime.current()
+    if boot_ns:
+        rt.boot_ns = boot_ns
+    skip = {name.strip() for name in os.environ.get(keys.ENV_DISABLE_PATCHES, "").split(",") if name.strip()}
+    if skip:
+        patches.PHASES = tuple(p for p in patches.PHASES if p.name not in skip)
+    engine = patches.install(warn=rt.warn)
+    rt.on_ready.append(lambda: engine.unapply(lambda phase: phase.init_only))
+    rt.on_ready.append(lambda: _report_missing(engine))
+
+
+def _report_missing(engine) -> None:  # noqa: ANN001
+    """At rank ready, name required phases that never resolved here (a renamed SGLang target)."""
+    rt = runtime.current()
+    if rt.identity.role != "rank":
+        return
+    wrapped = engine.resolved()
+    for phase in engine.phases:
+        if phase.required and phase.name not in wrapped and phase.kind not in ("launch", "ready"):
+            engine.report_unresolved(phase)

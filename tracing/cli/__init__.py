@@ -1,0 +1,1 @@
+"""The phasetrace command line."""

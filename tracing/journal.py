@@ -1,0 +1,117 @@
+"""The local journal: one append-only JSON-lines file per process, written as things happen.
+
+Each record is one ``os.write`` of one line on an ``O_APPEND`` descriptor: no user-space buffer,
+so whatever was written survives ``kill -9``. A phase that never ends leaves its ``begin`` record
+and no ``end`` record; readers treat that as "still running, or died there".
+
+Record schema (version 1; every record has ``kind`` and ``t``, Unix time in integer ns):
+
+``process``   first line: ``v``, ``pid``, ``ppid``, ``host``, ``run_id``, ``boot_t``, ``resource``
+``identity``  who this process is, once known: ``label`` (``tp1``, ``launcher``), ``role``, ``attrs``
+``begin``     a phase started: ``span``, ``parent`` (16 hex or null), ``trace`` (32 hex), ``name``,
+              ``attrs``, ``thread``
+``event``     inside a phase: ``span``, ``name``, ``attrs``
+``end``       a phase ended: ``span``, ``status`` (``ok``/``error``/``incomplete``), ``attrs`` (set
+              after begin), ``error`` (``type``, ``message``, ``stack``) when it failed
+``heartbeat`` liveness and progress of the process (see ``tracing.heartbeat``)
+``diagnosis`` a stall the watchdog found (see ``tracing.watchdog``)
+``warning``   something we could not do (an unresolved patch target, a failed exporter): ``message``
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+KINDS = frozenset({"process", "identity", "begin", "event", "end", "heartbeat", "diagnosis", "warning"})
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return repr(value)
+
+
+def dumps(record: dict) -> str:
+    return json.dumps(record, separators=(",", ":"), default=_default, ensure_ascii=False)
+
+
+class JournalWriter:
+    """Appends records to one file; thread-safe; never raises into the caller's code path."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        self._lock = threading.Lock()
+
+    def write(self, record: dict) -> None:
+        data = (dumps(record) + "\n").encode("utf-8", "replace")
+        with self._lock:
+            if self._fd < 0:
+                return
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+class JournalTail:
+    """Reads one journal incrementally (the watchdog polls it) or whole (the CLI).
+
+    A last line without its newline is a write in progress, or one cut by ``kill -9``: a live read
+    leaves it for next time; a ``final`` read parses it, and reports it if it is broken.
+    Every unusable line is reported once, as ``file:line: why``, and the rest is used.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.lines = 0
+        self.problems: list[str] = []
+
+    def read(self, final: bool = False) -> list[dict]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        end = len(data) if final else data.rfind(b"\n") + 1
+        records = []
+        for raw in data[:end].splitlines():
+            self.lines += 1
+            record = parse_line(raw, self.path, self.lines, self.problems)
+            if record is not None:
+                records.append(record)
+        self.offset += end
+        return records
+
+
+def read_journal(path: Path) -> tuple[list[dict], list[str]]:
+    """All records of a finished (or abandoned) journal, and its problems as ``file:line: why``."""
+    tail = JournalTail(path)
+    return tail.read(final=True), tail.problems
+
+
+def parse_line(raw: bytes, path: Path, lineno: int, problems: list[str]) -> dict | None:
+    if not raw.strip():
+        return None
+    try:
+        record = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        problems.append(f"{path}:{lineno}: not a JSON record ({exc.__class__.__name__}: {exc})")
+        return None
+    if not isinstance(record, dict) or record.get("kind") not in KINDS or not isinstance(record.get("t"), int):
+        problems.append(f"{path}:{lineno}: not a journal record (needs a known 'kind' and integer 't')")
+        return None
+    return record

@@ -1,0 +1,31 @@
+"""Attribute keys and the environment variables we read: one place, so names never drift."""
+
+# Identity (stamped on every span, and resource attributes where known at provider creation).
+TP_RANK = "sglang.tp_rank"
+PP_RANK = "sglang.pp_rank"
+DP_RANK = "sglang.dp_rank"
+EP_RANK = "sglang.ep_rank"
+WORLD_RANK = "sglang.world_rank"
+WORLD_SIZE = "sglang.world_size"
+GPU_ID = "sglang.gpu_id"
+ROLE = "sglang.role"
+RANK_LABEL = "sglang.rank"
+SGLANG_VERSION = "sglang.version"
+RUN_ID = "phasetrace.run_id"
+
+# Phase bookkeeping.
+PHASE = "sglang.phase"
+TARGET = "phasetrace.target"
+IS_DRAFT = "sglang.is_draft"
+RUNNER_CLASS = "sglang.runner_class"
+AFTER_READY = "phasetrace.after_ready"
+INCOMPLETE = "phasetrace.incomplete"
+
+# Environment.
+ENV_SWITCH = "SGLANG_PHASETRACE"
+ENV_BASE_DIR = "SGLANG_PHASETRACE_DIR"
+ENV_RUN_DIR = "SGLANG_PHASETRACE_RUN_DIR"
+ENV_LOG = "SGLANG_PHASETRACE_LOG"
+ENV_DISABLE_PATCHES = "SGLANG_PHASETRACE_SKIP"  # comma list of phase names not to patch
+ENV_TRACEPARENT = "TRACEPARENT"
+DEFAULT_BASE_DIR = "phasetrace-runs"

@@ -1,0 +1,246 @@
+"""The per-process tracing runtime: run directory, journal, private TracerProvider, open phases.
+
+Started lazily, at the first phase of a process (for a rank: ``Scheduler.__init__``, once its
+ranks are known), so processes that import SGLang but never start anything write nothing.
+Never the global TracerProvider: SGLang's ``--enable-trace`` sets that one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.trace import StatusCode
+
+from . import exporters, keys
+from .identity import Identity
+from .journal import SCHEMA_VERSION, JournalWriter
+from .redact import redact
+
+log = logging.getLogger("sglang_phasetrace")
+IDENTITY_KEYS = frozenset(Identity(pid=0, host="", ranks={k: 0 for k in ("tp", "pp", "dp", "ep", "world", "world_size", "gpu")}).attributes())
+
+
+def hexid(value: int | None, width: int = 16) -> str | None:
+    return None if value is None else format(value, f"0{width}x")
+
+
+def new_run_dir() -> Path:
+    base = Path(os.environ.get(keys.ENV_BASE_DIR) or keys.DEFAULT_BASE_DIR)
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    return (base / run_id).resolve()
+
+
+def sglang_version() -> str | None:
+    module = sys.modules.get("sglang.version") or sys.modules.get("sglang")
+    return getattr(module, "__version__", None)
+
+
+class OpenPhases:
+    """Spans started and not yet ended in this process, with their latest progress."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.spans: dict[int, Span] = {}
+        self.progress: dict[int, dict[str, Any]] = {}
+
+    def add(self, span: Span) -> None:
+        with self.lock:
+            self.spans[span.get_span_context().span_id] = span
+
+    def remove(self, span: ReadableSpan) -> None:
+        with self.lock:
+            sid = span.get_span_context().span_id
+            self.spans.pop(sid, None)
+            self.progress.pop(sid, None)
+
+    def snapshot(self) -> list[tuple[Span, dict[str, Any]]]:
+        with self.lock:
+            return [(s, dict(self.progress.get(sid, {}))) for sid, s in self.spans.items()]
+
+
+class StampProcessor(SpanProcessor):
+    """Stamps this process's identity (rank, pid, host) on every span as it starts."""
+
+    def __init__(self, identity: Identity) -> None:
+        self.identity = identity
+
+    def on_start(self, span: Span, parent_context: Any = None) -> None:
+        span.set_attributes(self.identity.attributes())
+
+
+class JournalProcessor(SpanProcessor):
+    """Writes ``begin`` when a span starts and ``end`` when it ends; keeps the open-phase registry."""
+
+    def __init__(self, writer: JournalWriter, open_phases: OpenPhases) -> None:
+        self.writer = writer
+        self.open = open_phases
+
+    def on_start(self, span: Span, parent_context: Any = None) -> None:
+        ctx = span.get_span_context()
+        self.writer.write({
+            "kind": "begin", "t": span.start_time, "span": hexid(ctx.span_id),
+            "parent": hexid(span.parent.span_id) if span.parent else None,
+            "trace": hexid(ctx.trace_id, 32), "name": span.name,
+            "attrs": {k: v for k, v in (span.attributes or {}).items() if k not in IDENTITY_KEYS},
+            "thread": threading.current_thread().name,
+        })
+        self.open.add(span)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.open.remove(span)
+        attrs = dict(span.attributes or {})
+        record: dict[str, Any] = {"kind": "end", "t": span.end_time, "span": hexid(span.get_span_context().span_id)}
+        if attrs.get(keys.INCOMPLETE):
+            record["status"] = "incomplete"
+        elif span.status.status_code is StatusCode.ERROR:
+            record["status"] = "error"
+        else:
+            record["status"] = "ok"
+        for event in reversed(span.events):
+            if event.name == "exception":
+                a = event.attributes or {}
+                record["error"] = {
+                    "type": a.get("exception.type"), "message": a.get("exception.message"),
+                    "stack": a.get("exception.stacktrace"),
+                }
+                break
+        else:
+            if record["status"] != "ok" and span.status.description:
+                record["error"] = {"type": None, "message": span.status.description}
+        record["attrs"] = {k: v for k, v in attrs.items() if k not in IDENTITY_KEYS}
+        self.writer.write(record)
+
+
+class Runtime:
+    """One per process (reset in a forked child). ``start()`` is idempotent and cheap after the first."""
+
+    def __init__(self, boot_ns: int) -> None:
+        self.boot_ns = boot_ns
+        self.identity = Identity()
+        self.open = OpenPhases()
+        self.lock = threading.RLock()
+        self.started = False
+        self.ready = False
+        self.root: Span | None = None
+        self.run_dir: Path | None = None
+        self.journal: JournalWriter | None = None
+        self.provider: TracerProvider | None = None
+        self.tracer: Any = None
+        self.launched_here = False  # this process created the run directory
+        self._pending: list[dict] = []  # records (warnings) from before the journal existed
+        self.on_ready: list[Any] = []  # callables run once this process is ready
+
+    def start(self) -> Runtime:
+        if self.started:
+            return self
+        with self.lock:
+            if self.started:
+                return self
+            run_dir = os.environ.get(keys.ENV_RUN_DIR)
+            if not run_dir:
+                self.launched_here = True
+                run_dir = str(new_run_dir())
+                os.environ[keys.ENV_RUN_DIR] = run_dir  # children inherit it
+            self.run_dir = Path(run_dir)
+            ident = self.identity
+            self.journal = JournalWriter(self.run_dir / "journal" / f"{ident.host}-{ident.pid}.jsonl")
+            resource = self.resource()
+            self.journal.write({
+                "v": SCHEMA_VERSION, "kind": "process", "t": time.time_ns(), "pid": ident.pid,
+                "ppid": os.getppid(), "host": ident.host, "run_id": self.run_dir.name,
+                "boot_t": self.boot_ns, "resource": dict(resource.attributes),
+            })
+            self._pending.insert(0, self._identity_record())
+            for record in self._pending:
+                self.journal.write(record)
+            self._pending.clear()
+            provider = TracerProvider(resource=resource, sampler=ALWAYS_ON)
+            provider.add_span_processor(JournalProcessor(self.journal, self.open))
+            provider.add_span_processor(StampProcessor(ident))
+            exporter = exporters.processor_from_env(self.warn)
+            if exporter is not None:
+                provider.add_span_processor(exporter)
+            self.provider = provider
+            self.tracer = provider.get_tracer("sglang-phasetrace", "0.1.0")
+            self.started = True
+        from . import lifecycle
+
+        lifecycle.install(self)
+        return self
+
+    def resource(self) -> Resource:
+        attrs = {
+            "service.name": os.environ.get("OTEL_SERVICE_NAME") or "sglang",
+            keys.RUN_ID: self.run_dir.name if self.run_dir else "",
+            **self.identity.attributes(),
+        }
+        version = sglang_version()
+        if version:
+            attrs[keys.SGLANG_VERSION] = version
+        return Resource.create(attrs)
+
+    def _identity_record(self) -> dict:
+        return {"kind": "identity", "t": time.time_ns(), "label": self.identity.label,
+                "role": self.identity.role, "attrs": self.identity.attributes()}
+
+    def set_identity(self, role: str | None = None, **ranks: Any) -> None:
+        """Merge newly known ranks/role; journaled once the journal exists (else at its start)."""
+        if self.identity.update(role=role, **ranks) and self.journal is not None:
+            self.write(self._identity_record())
+
+    def mark_ready(self) -> None:
+        """The process root ended well: send spans now (without waiting) and run ready hooks."""
+        if self.ready:
+            return
+        self.ready = True
+        exporters.flush_async(self.provider)
+        for callback in self.on_ready:
+            try:
+                callback()
+            except Exception as exc:
+                log.warning("sglang-phasetrace: ready hook failed: %r", exc)
+
+    def write(self, record: dict) -> None:
+        if self.journal is None:
+            self._pending.append(record)
+        else:
+            try:
+                self.journal.write(record)
+            except OSError as exc:
+                log.warning("sglang-phasetrace: journal write failed: %s", exc)
+
+    def warn(self, message: str) -> None:
+        """One warning line on stderr (through logging) and a ``warning`` record in the journal."""
+        log.warning("sglang-phasetrace: %s", message)
+        self.write({"kind": "warning", "t": time.time_ns(), "message": redact(message)})
+
+
+_current: Runtime | None = None
+_current_lock = threading.Lock()
+
+
+def current() -> Runtime:
+    """This process's runtime (created, not started, on first use)."""
+    global _current
+    if _current is None:
+        with _current_lock:
+            if _current is None:
+                boot = sys.modules.get("_phasetrace_boot")
+                _current = Runtime(getattr(boot, "BOOT_NS", None) or time.time_ns())
+    return _current
+
+
+def reset_after_fork() -> None:
+    """A forked child is a new process: new pid, new journal, no inherited open phases."""
+    global _current
+    _current = Runtime(time.time_ns())

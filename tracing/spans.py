@@ -1,0 +1,141 @@
+"""Phases as spans: start one, add events and progress, end it ok / with an error / incomplete.
+
+A phase's parent is the current span if there is one, else this process's root (the rank root
+or the launch root), else the launcher's span from ``TRACEPARENT`` — so phases run on other
+threads, or after the root ended, still land in the one trace of the launch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from . import keys, lifecycle, runtime
+from .redact import redact
+
+log = logging.getLogger("sglang_phasetrace")
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+AttrValue = str | bool | int | float
+
+
+def clean_attrs(attrs: dict[str, Any] | None) -> dict[str, AttrValue | list]:
+    """OTel-legal, redacted attribute values (others become strings; None is dropped)."""
+    out: dict[str, Any] = {}
+    for key, value in (attrs or {}).items():
+        value = redact(value, key)
+        if value is None:
+            continue
+        if isinstance(value, (str, bool, int, float)):
+            out[key] = value
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, (str, bool, int, float)) for v in value):
+            out[key] = list(value)
+        else:
+            out[key] = str(value)
+    return out
+
+
+def launch_context() -> otel_context.Context | None:
+    carrier = {"traceparent": os.environ.get(keys.ENV_TRACEPARENT, "")}
+    if not carrier["traceparent"]:
+        return None
+    return _PROPAGATOR.extract(carrier)
+
+
+def export_traceparent(span: trace.Span) -> None:
+    """Make ``span`` the parent of every rank this process spawns from now on."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+    if "traceparent" in carrier:
+        os.environ[keys.ENV_TRACEPARENT] = carrier["traceparent"]
+
+
+class PhaseSpan:
+    """A started phase. Every method is safe to call in any state and never raises."""
+
+    __slots__ = ("_token", "rt", "span")
+
+    def __init__(self, rt: runtime.Runtime, span: trace.Span, token: object | None) -> None:
+        self.rt, self.span, self._token = rt, span, token
+
+    @property
+    def span_id(self) -> int:
+        return self.span.get_span_context().span_id
+
+    def set(self, attrs: dict[str, Any]) -> None:
+        try:
+            self.span.set_attributes(clean_attrs(attrs))
+        except Exception:
+            log.debug("sglang-phasetrace: set attributes failed", exc_info=True)
+
+    def event(self, name: str, attrs: dict[str, Any] | None = None) -> None:
+        try:
+            clean = clean_attrs(attrs)
+            self.span.add_event(name, clean)
+            self.rt.write({"kind": "event", "t": time.time_ns(), "span": runtime.hexid(self.span_id),
+                           "name": name, "attrs": clean})
+        except Exception:
+            log.debug("sglang-phasetrace: event failed", exc_info=True)
+
+    def progress(self, **fields: Any) -> None:
+        """Latest progress (``done``, ``total``, ``unit``…): read by heartbeats, not journaled."""
+        with self.rt.open.lock:
+            self.rt.open.progress.setdefault(self.span_id, {}).update(fields)
+
+    def end(self, exc: BaseException | None = None, incomplete: str | None = None,
+            end_ns: int | None = None) -> None:
+        try:
+            self._detach()
+            if not self.span.is_recording():  # already ended (e.g. by a signal handler)
+                return
+            if incomplete:
+                self.span.set_attribute(keys.INCOMPLETE, True)
+                self.span.set_status(Status(StatusCode.ERROR, incomplete))
+            elif exc is not None:
+                self.span.record_exception(exc)
+                self.span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            self.span.end(end_time=end_ns)
+        except Exception:
+            log.debug("sglang-phasetrace: end failed", exc_info=True)
+
+    def _detach(self) -> None:
+        token, self._token = self._token, None
+        if token is not None:
+            try:
+                otel_context.detach(token)
+            except Exception:  # ended on another thread or context: nothing to restore
+                pass
+
+
+def _parent_context(rt: runtime.Runtime) -> otel_context.Context | None:
+    if trace.get_current_span().get_span_context().is_valid:
+        return None  # the current context
+    if rt.root is not None:
+        return trace.set_span_in_context(rt.root)
+    return launch_context()
+
+
+def start_phase(name: str, attrs: dict[str, Any] | None = None, *, start_ns: int | None = None,
+                attach: bool = True, root: bool = False) -> PhaseSpan | None:
+    """Start a phase span in this process; ``root=True`` makes it the process root. None on failure."""
+    try:
+        rt = runtime.current().start()
+        if threading.current_thread() is threading.main_thread():
+            lifecycle.arm_signals()
+        ctx = launch_context() if root else _parent_context(rt)
+        span = rt.tracer.start_span(name, context=ctx, attributes=clean_attrs(attrs), start_time=start_ns)
+        if root:
+            rt.root = span
+        token = otel_context.attach(trace.set_span_in_context(span)) if attach else None
+        return PhaseSpan(rt, span, token)
+    except Exception as exc:
+        log.warning("sglang-phasetrace: could not start phase %s: %r", name, exc)
+        return None
