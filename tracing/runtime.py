@@ -173,9 +173,11 @@ class Runtime:
             self.provider = provider
             self.tracer = provider.get_tracer("sglang-phasetrace", "0.1.0")
             self.started = True
-        from . import lifecycle
+        from . import heartbeat, lifecycle, stacks
 
         lifecycle.install(self)
+        stacks.arm(self)
+        heartbeat.start(self)
         return self
 
     def resource(self) -> Resource:

@@ -1,0 +1,95 @@
+"""Shared fixtures: a tiny local model, and running programs under the hook like a user would.
+
+Every real-SGLang test starts a fresh interpreter with only ``PYTHONPATH`` pointing at
+``sitecustomize_hooks/`` (the activation under test) and a private run directory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HOOKS = ROOT / "sitecustomize_hooks"
+SCRIPTS = ROOT / "scripts"
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false", "SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
+
+
+def have_sglang() -> bool:
+    try:
+        import importlib.util
+
+        return importlib.util.find_spec("sglang") is not None
+    except ImportError:
+        return False
+
+
+requires_sglang = pytest.mark.skipif(not have_sglang(), reason="real sglang is not installed")
+
+
+@dataclass
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+    run_dir: Path | None
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def hook_env(base_dir: Path, extra: dict[str, str] | None = None, hooks: bool = True) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_PHASETRACE", "OTEL_", "TRACEPARENT"))}
+    env.update(CPU_ENV)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOKS) if hooks else "", env.get("PYTHONPATH", "")) if p)
+    env["SGLANG_PHASETRACE_DIR"] = str(base_dir)
+    env.update(extra or {})
+    return env
+
+
+def run_dirs(base_dir: Path) -> list[Path]:
+    return sorted(p for p in base_dir.iterdir() if (p / "journal").is_dir()) if base_dir.is_dir() else []
+
+
+def run_program(args: list[str], base_dir: Path, *, env: dict[str, str] | None = None,
+                timeout: float = 240, hooks: bool = True, cwd: Path | None = None) -> Ran:
+    """Run ``python args…`` under the hook in its own process group; kill the group on timeout."""
+    proc = subprocess.Popen([sys.executable, *args], env=hook_env(base_dir, env, hooks), cwd=cwd or base_dir,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"timed out after {timeout}s:\n{err[-4000:]}") from None
+    finally:
+        _kill_group(proc.pid)
+    dirs = run_dirs(base_dir)
+    return Ran(proc.returncode, out, err, dirs[-1] if dirs else None)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A 2-layer Llama and an EAGLE draft for it, random weights, made locally once per session."""
+    if not have_sglang():
+        pytest.skip("real sglang is not installed")
+    out = tmp_path_factory.mktemp("models")
+    target, draft = out / "tiny-llama", out / "tiny-llama-eagle"
+    subprocess.run([sys.executable, str(SCRIPTS / "make_tiny_model.py"), str(target), "--draft", str(draft)],
+                   check=True, capture_output=True, env={**os.environ, **CPU_ENV})
+    return target, draft
