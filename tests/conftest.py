@@ -93,3 +93,14 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     subprocess.run([sys.executable, str(SCRIPTS / "make_tiny_model.py"), str(target), "--draft", str(draft)],
                    check=True, capture_output=True, env={**os.environ, **CPU_ENV})
     return target, draft
+
+
+@pytest.fixture(scope="session")
+def engine_run(tiny_model: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Ran:
+    """One real traced start shared by tests that only read its output: ``sglang.Engine`` tp=2 on
+    CPU, one generate, shutdown; only PYTHONPATH enables tracing."""
+    base = tmp_path_factory.mktemp("engine-run")
+    ran = run_program([str(SCRIPTS / "start_engine.py"), str(tiny_model[0]), "--tp", "2"], base)
+    assert ran.returncode == 0, ran.stderr[-4000:]
+    assert ran.run_dir is not None, "no run directory was written"
+    return ran
