@@ -5,20 +5,20 @@ None of these modules imports SGLang; the engine patches each target module when
 
 from __future__ import annotations
 
-from . import distributed, graphs, model_runner, scheduler, server, speculative
+from . import collectives, distributed, graphs, model_runner, scheduler, server, speculative
 from .engine import PatchEngine
 from .spec import Call, Phase
 
 PHASES: tuple[Phase, ...] = (
     *server.PHASES, *scheduler.PHASES, *distributed.PHASES, *model_runner.PHASES, *graphs.PHASES,
-    *speculative.PHASES,
+    *speculative.PHASES, *collectives.PHASES,
 )
 MODEL_PHASES: tuple[Phase, ...] = speculative.MODEL_PHASES
 
 _engine: PatchEngine | None = None
 
 
-def install(warn=None) -> PatchEngine:  # noqa: ANN001
+def install(warn=None) -> PatchEngine:
     """Create the process's engine for ``PHASES`` and register its post-import hooks (once)."""
     global _engine
     if _engine is None:

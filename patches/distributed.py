@@ -7,6 +7,7 @@ from typing import Any
 
 from ..tracing import keys
 from ._attrs import class_name, read
+from .collectives import name_groups
 from .spec import Call, Phase
 
 PS = "sglang.srt.distributed.parallel_state"
@@ -53,6 +54,7 @@ def _group(call: Call) -> dict[str, Any]:
 
 def _group_done(call: Call, result: Any) -> dict[str, Any]:
     g = call.instance
+    name_groups(g)
     return {"sglang.group_unique_name": read(g, "unique_name"), "sglang.rank_in_group": read(g, "rank_in_group"),
             "sglang.group_world_size": read(g, "world_size")}
 

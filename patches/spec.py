@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Kind = Literal["call", "generator", "rank", "launch", "ready"]
+Kind = Literal["call", "generator", "rank", "launch", "ready", "collective"]
 
 
 @dataclass

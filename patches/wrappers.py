@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..tracing import keys, runtime, spans
+from ..tracing import collectives, keys, runtime, spans, watchdog
 from ..tracing.identity import ranks_from_attrs
 from .spec import Call, Phase
 
@@ -31,7 +31,19 @@ def make_wrapper(phase: Phase, func: Callable, target: str, is_method: bool) -> 
         sig: inspect.Signature | None = inspect.signature(func)
     except (TypeError, ValueError):
         sig = None
-    if phase.kind == "generator":
+    if phase.kind == "collective":
+        op = target.rpartition(".")[2].rpartition(":")[2]
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            entry = _enter_collective(phase, op, sig, is_method, args, kwargs)
+            if entry is None:
+                return func(*args, **kwargs)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                collectives.exit(entry)
+    elif phase.kind == "generator":
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             inner = func(*args, **kwargs)
@@ -83,6 +95,21 @@ def _active_keys() -> set:
     return keys_
 
 
+def _enter_collective(phase: Phase, op: str, sig: inspect.Signature | None, is_method: bool,
+                      args: tuple, kwargs: dict) -> dict | None:
+    """Record entering an init collective (no span); None when not recording or on any failure."""
+    try:
+        rt = runtime.current()
+        if not rt.started or rt.ready:
+            return None
+        arguments = dict(sig.bind_partial(*args, **kwargs).arguments) if sig else {}
+        attrs = _hook(phase, "enter", phase.enter, Call(arguments, args[0] if is_method and args else None)) or {}
+        return collectives.enter(op, str(attrs.get("group", "?")))
+    except Exception as exc:
+        log.debug("sglang-phasetrace: collective %s not recorded: %r", op, exc)
+        return None
+
+
 def _enter(phase: Phase, target: str, sig: inspect.Signature | None, is_method: bool,
            args: tuple, kwargs: dict) -> _Active | None:
     try:
@@ -125,6 +152,7 @@ def _start(rt: runtime.Runtime, phase: Phase, attrs: dict[str, Any]) -> spans.Ph
         handle = spans.start_phase("sglang.launch", attrs, start_ns=rt.boot_ns, root=True)
         if handle is not None:
             spans.export_traceparent(handle.span)
+            watchdog.start_in_launcher(rt)
         return handle
     if ranks:
         rt.set_identity(**ranks)

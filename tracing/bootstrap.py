@@ -25,6 +25,8 @@ def activate(boot_ns: int | None = None) -> None:
     rt = runtime.current()
     if boot_ns:
         rt.boot_ns = boot_ns
+    if not os.environ.get(keys.ENV_RUN_DIR):  # planned now, created at the first phase: every
+        os.environ[keys.ENV_RUN_DIR] = str(runtime.new_run_dir())  # process spawned from here shares it
     skip = {name.strip() for name in os.environ.get(keys.ENV_DISABLE_PATCHES, "").split(",") if name.strip()}
     if skip:
         patches.PHASES = tuple(p for p in patches.PHASES if p.name not in skip)
@@ -33,7 +35,7 @@ def activate(boot_ns: int | None = None) -> None:
     rt.on_ready.append(lambda: _report_missing(engine))
 
 
-def _report_missing(engine) -> None:  # noqa: ANN001
+def _report_missing(engine) -> None:
     """At rank ready, name required phases that never resolved here (a renamed SGLang target)."""
     rt = runtime.current()
     if rt.identity.role != "rank":

@@ -1,9 +1,126 @@
-"""Per-process heartbeats (filled in by the heartbeat/watchdog work)."""
+"""Per-process heartbeats: a daemon thread that says, every few seconds, where this process is.
+
+Each beat: open phases (outermost first) with time in each and their latest progress, the
+collective the process is in, process CPU-time delta, RSS, threads, and GPU figures where NVML
+works. Written to the journal while the process initialises, and always to a small per-process
+status file (atomically replaced) that live readers poll. A process whose Python threads cannot
+run (GIL held in C) stops beating: that silence is itself the signal the watchdog reads.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
+from . import collectives, gpu, runtime
+from .rundir import STATUS_DIR
 
-def start(rt: Any) -> None:
-    return None
+log = logging.getLogger("sglang_phasetrace")
+ENV_INTERVAL = "SGLANG_PHASETRACE_HEARTBEAT_S"
+DEFAULT_INTERVAL_S = 5.0
+
+
+def interval_s() -> float:
+    try:
+        return max(0.1, float(os.environ.get(ENV_INTERVAL, DEFAULT_INTERVAL_S)))
+    except ValueError:
+        return DEFAULT_INTERVAL_S
+
+
+class Heartbeat:
+    def __init__(self, rt: runtime.Runtime, interval: float) -> None:
+        import psutil
+
+        self.rt, self.interval = rt, interval
+        self.process = psutil.Process()
+        self.seq = 0
+        self.cpu_last = self._cpu()
+        self.status_path = Path(rt.run_dir) / STATUS_DIR / f"{rt.journal.path.stem}.json"
+        self.status_path.parent.mkdir(parents=True, exist_ok=True)
+        self.stop = threading.Event()
+        self.failed = False
+
+    def _cpu(self) -> float:
+        times = self.process.cpu_times()
+        return times.user + times.system
+
+    def record(self) -> dict[str, Any]:
+        now = time.time_ns()
+        self.seq += 1
+        phases = []
+        for span, progress in self.rt.open.snapshot():
+            item: dict[str, Any] = {
+                "span": runtime.hexid(span.get_span_context().span_id), "name": span.name,
+                "phase": (span.attributes or {}).get("sglang.phase", span.name),
+                "since_s": round((now - (span.start_time or now)) / 1e9, 3),
+            }
+            if progress:
+                item["progress"] = progress
+            phases.append(item)
+        cpu = self._cpu()
+        record: dict[str, Any] = {
+            "kind": "heartbeat", "t": now, "seq": self.seq, "pid": self.rt.identity.pid,
+            "label": self.rt.identity.label, "ready": self.rt.ready, "interval_s": self.interval,
+            "phases": phases, "cpu_s": round(cpu - self.cpu_last, 3),
+            "rss": self.process.memory_info().rss, "threads": self.process.num_threads(),
+        }
+        self.cpu_last = cpu
+        current, counts = collectives.STATE.snapshot(now)
+        if current:
+            record["collective"] = current
+        if counts:
+            record["collectives"] = counts
+        figures = gpu.sample(self.rt.identity.ranks.get("gpu"))
+        if figures:
+            record["gpu"] = figures
+        return record
+
+    def beat(self) -> None:
+        record = self.record()
+        if not self.rt.ready:  # the journal keeps init; the status file stays live after
+            self.rt.write(record)
+        tmp = self.status_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, separators=(",", ":"), default=str))
+        os.replace(tmp, self.status_path)
+
+    def run(self) -> None:
+        while True:
+            try:
+                self.beat()
+            except Exception as exc:  # never let the thread die; say so once
+                if not self.failed:
+                    self.failed = True
+                    log.warning("sglang-phasetrace: heartbeat failed: %r", exc)
+            if self.stop.wait(self.interval):
+                return
+
+
+_current: Heartbeat | None = None
+
+
+def start(rt: runtime.Runtime) -> Heartbeat | None:
+    """Start this process's heartbeat thread (once per process; a forked child starts its own)."""
+    global _current
+    if _current is not None and _current.rt is rt:
+        return _current
+    try:
+        _current = Heartbeat(rt, interval_s())
+    except Exception as exc:
+        log.warning("sglang-phasetrace: heartbeat not started: %r", exc)
+        return None
+    threading.Thread(target=_current.run, name="phasetrace-heartbeat", daemon=True).start()
+    return _current
+
+
+def beat_now() -> None:
+    """An immediate beat (at ready, and before a stack dump) so readers see the latest state."""
+    if _current is not None:
+        try:
+            _current.beat()
+        except Exception:
+            log.debug("sglang-phasetrace: heartbeat failed", exc_info=True)

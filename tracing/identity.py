@@ -27,6 +27,8 @@ class Identity:
         changed = (role is not None and role != self.role) or any(self.ranks.get(k) != v for k, v in known.items())
         if role is not None:
             self.role = role
+        elif self.role == "process" and ("tp" in known or "world" in known):
+            self.role = "rank"  # a process in SGLang's distributed init is a rank, Scheduler or not
         self.ranks.update(known)
         return changed
 

@@ -14,6 +14,8 @@ Record schema (version 1; every record has ``kind`` and ``t``, Unix time in inte
 ``end``       a phase ended: ``span``, ``status`` (``ok``/``error``/``incomplete``), ``attrs`` (set
               after begin), ``error`` (``type``, ``message``, ``stack``) when it failed
 ``heartbeat`` liveness and progress of the process (see ``tracing.heartbeat``)
+``collective`` an init collective entered or left: ``edge`` (enter/exit), ``op``, ``group``, ``seq``
+              (per-group sequence number), ``span`` (the phase it ran in), ``dur_s`` on exit
 ``diagnosis`` a stall the watchdog found (see ``tracing.watchdog``)
 ``warning``   something we could not do (an unresolved patch target, a failed exporter): ``message``
 """
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
-KINDS = frozenset({"process", "identity", "begin", "event", "end", "heartbeat", "diagnosis", "warning"})
+KINDS = frozenset({"process", "identity", "begin", "event", "end", "heartbeat", "collective", "diagnosis", "warning"})
 
 
 def _default(value: Any) -> Any:

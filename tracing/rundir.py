@@ -63,13 +63,22 @@ class ProcessRec:
     diagnoses: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     last_t: int = 0  # time of the latest record of any kind
+    last_progress_t: int = 0  # latest phase begin/end/event, collective, or heartbeat progress change
+    coll_counts: dict[str, int] = field(default_factory=dict)  # group -> collectives entered
+    coll_ops: dict[str, dict[int, str]] = field(default_factory=dict)  # group -> seq -> op (recent)
+    coll_open: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)  # entered, not left
 
     HEARTBEATS_KEPT = 8
+    OPS_KEPT = 256
 
     def apply(self, r: dict[str, Any]) -> None:
         kind, t = r["kind"], r["t"]
         self.last_t = max(self.last_t, t)
-        if kind == "begin":
+        if kind in ("begin", "end", "event", "collective"):
+            self.last_progress_t = max(self.last_progress_t, t)
+        if kind == "collective":
+            self._collective(r, t)
+        elif kind == "begin":
             self.spans[r.get("span", "")] = SpanRec(
                 r.get("span", ""), r.get("parent"), r.get("trace", ""), r.get("name", "?"), t,
                 dict(r.get("attrs") or {}), r.get("thread", ""))
@@ -84,6 +93,8 @@ class ProcessRec:
             if span is not None:
                 span.events.append({"t": t, "name": r.get("name"), "attrs": r.get("attrs") or {}})
         elif kind == "heartbeat":
+            if self.heartbeats and _progress(r) != _progress(self.heartbeats[-1]):
+                self.last_progress_t = max(self.last_progress_t, t)
             self.heartbeats.append(r)
             del self.heartbeats[:-self.HEARTBEATS_KEPT]
         elif kind == "identity":
@@ -97,6 +108,23 @@ class ProcessRec:
             self.diagnoses.append(r)
         elif kind == "warning":
             self.warnings.append(str(r.get("message", "")))
+
+    def _collective(self, r: dict[str, Any], t: int) -> None:
+        group, seq, op = str(r.get("group")), int(r.get("seq", 0)), str(r.get("op"))
+        if r.get("edge") == "exit":
+            self.coll_open.pop((group, seq), None)
+            return
+        self.coll_counts[group] = max(self.coll_counts.get(group, 0), seq)
+        ops = self.coll_ops.setdefault(group, {})
+        ops[seq] = op
+        if len(ops) > self.OPS_KEPT:
+            del ops[min(ops)]
+        self.coll_open[(group, seq)] = {"op": op, "group": group, "seq": seq, "t": t}
+
+    @property
+    def waiting_in(self) -> dict[str, Any] | None:
+        """The oldest collective this process entered and has not left."""
+        return min(self.coll_open.values(), key=lambda c: c["t"]) if self.coll_open else None
 
     @property
     def open_spans(self) -> list[SpanRec]:
@@ -130,6 +158,10 @@ class ProcessRec:
         ranks = tuple(i.get(k, -1) if isinstance(i.get(k), int) else -1
                       for k in ("sglang.dp_rank", "sglang.pp_rank", "sglang.tp_rank", "sglang.world_rank"))
         return (order, ranks, self.host, self.pid)
+
+
+def _progress(heartbeat: dict[str, Any]) -> list:
+    return [(p.get("span"), p.get("progress")) for p in heartbeat.get("phases") or () if p.get("progress")]
 
 
 class RunView:

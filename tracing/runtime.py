@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import sys
 import threading
 import time
@@ -18,6 +19,7 @@ from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import StatusCode
 
@@ -43,6 +45,26 @@ def new_run_dir() -> Path:
 def sglang_version() -> str | None:
     module = sys.modules.get("sglang.version") or sys.modules.get("sglang")
     return getattr(module, "__version__", None)
+
+
+class PrivateIdGenerator(IdGenerator):
+    """Span and trace ids from the OS, not the global ``random``: SGLang seeds ``random`` with the
+    same ``--random-seed`` in every rank, after which OTel's default generator hands every rank the
+    same span ids (parents then resolve to the wrong process and collectors drop "duplicates")."""
+
+    _random = random.SystemRandom()
+
+    def generate_span_id(self) -> int:
+        while True:
+            span_id = self._random.getrandbits(64)
+            if span_id:
+                return span_id
+
+    def generate_trace_id(self) -> int:
+        while True:
+            trace_id = self._random.getrandbits(128)
+            if trace_id:
+                return trace_id
 
 
 class OpenPhases:
@@ -136,7 +158,6 @@ class Runtime:
         self.journal: JournalWriter | None = None
         self.provider: TracerProvider | None = None
         self.tracer: Any = None
-        self.launched_here = False  # this process created the run directory
         self._pending: list[dict] = []  # records (warnings) from before the journal existed
         self.on_ready: list[Any] = []  # callables run once this process is ready
 
@@ -148,9 +169,7 @@ class Runtime:
                 return self
             run_dir = os.environ.get(keys.ENV_RUN_DIR)
             if not run_dir:
-                self.launched_here = True
-                run_dir = str(new_run_dir())
-                os.environ[keys.ENV_RUN_DIR] = run_dir  # children inherit it
+                run_dir = os.environ[keys.ENV_RUN_DIR] = str(new_run_dir())  # children inherit it
             self.run_dir = Path(run_dir)
             ident = self.identity
             self.journal = JournalWriter(self.run_dir / "journal" / f"{ident.host}-{ident.pid}.jsonl")
@@ -164,7 +183,7 @@ class Runtime:
             for record in self._pending:
                 self.journal.write(record)
             self._pending.clear()
-            provider = TracerProvider(resource=resource, sampler=ALWAYS_ON)
+            provider = TracerProvider(resource=resource, sampler=ALWAYS_ON, id_generator=PrivateIdGenerator())
             provider.add_span_processor(JournalProcessor(self.journal, self.open))
             provider.add_span_processor(StampProcessor(ident))
             exporter = exporters.processor_from_env(self.warn)
