@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..tracing import collectives, keys, runtime, spans, watchdog
+from ..tracing import collectives, exporters, keys, runtime, spans, watchdog
 from ..tracing.identity import ranks_from_attrs
 from .spec import Call, Phase
 
@@ -189,6 +189,8 @@ class _Active:
             if self.phase.kind == "launch" and owns_root and exc is None and not self.phase.ends_root:
                 return  # launch_server: the root ends at ready (or as incomplete at exit)
             self.handle.end(exc)
+            if exc is not None and owns_root:  # the rank failed: its process is about to be torn down
+                exporters.flush(self.rt.provider, 2.0)
             if exc is None and (owns_root or (self.phase.kind == "ready" and self.call.state.get("ready"))):
                 self._ready()
             elif self.phase.kind == "ready" and self.rt.root is not None:

@@ -43,6 +43,7 @@ class Heartbeat:
         self.status_path = Path(rt.run_dir) / STATUS_DIR / f"{rt.journal.path.stem}.json"
         self.status_path.parent.mkdir(parents=True, exist_ok=True)
         self.stop = threading.Event()
+        self.lock = threading.Lock()  # beat() runs on the thread and on demand (beat_now)
         self.failed = False
 
     def _cpu(self) -> float:
@@ -81,12 +82,13 @@ class Heartbeat:
         return record
 
     def beat(self) -> None:
-        record = self.record()
-        if not self.rt.ready:  # the journal keeps init; the status file stays live after
-            self.rt.write(record)
-        tmp = self.status_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, separators=(",", ":"), default=str))
-        os.replace(tmp, self.status_path)
+        with self.lock:
+            record = self.record()
+            if not self.rt.ready:  # the journal keeps init; the status file stays live after
+                self.rt.write(record)
+            tmp = self.status_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(record, separators=(",", ":"), default=str))
+            os.replace(tmp, self.status_path)
 
     def run(self) -> None:
         while True:

@@ -49,7 +49,7 @@ class JournalWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a signal handler may write while the main thread does
 
     def write(self, record: dict) -> None:
         data = (dumps(record) + "\n").encode("utf-8", "replace")

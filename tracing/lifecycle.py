@@ -40,7 +40,11 @@ def shutdown(rt: runtime.Runtime, reason: str, timeout_s: float = 2.0) -> None:
 
 def _make_handler(previous: Any) -> Any:
     def handler(signum: int, frame: Any) -> Any:
-        shutdown(runtime.current(), f"incomplete: process received {signal.Signals(signum).name}")
+        # On a helper thread, bounded: the interrupted main thread may hold a lock we would need.
+        worker = threading.Thread(target=shutdown, name="phasetrace-signal", daemon=True,
+                                  args=(runtime.current(), f"incomplete: process received {signal.Signals(signum).name}"))
+        worker.start()
+        worker.join(3.0)
         if callable(previous):
             return previous(signum, frame)
         if previous == signal.SIG_IGN:
@@ -64,7 +68,8 @@ def arm_signals() -> None:
             return
 
 
-def install(rt: runtime.Runtime) -> None:
+def install() -> None:
+    """Once per process: end open phases at exit; chain our handler for SIGTERM/SIGINT/SIGQUIT."""
     global _installed_pid
     if _installed_pid == os.getpid():
         return

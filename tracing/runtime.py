@@ -71,7 +71,7 @@ class OpenPhases:
     """Spans started and not yet ended in this process, with their latest progress."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # RLock: signal handlers may run on a thread holding it
         self.spans: dict[int, Span] = {}
         self.progress: dict[int, dict[str, Any]] = {}
 
@@ -194,7 +194,7 @@ class Runtime:
             self.started = True
         from . import heartbeat, lifecycle, stacks
 
-        lifecycle.install(self)
+        lifecycle.install()
         stacks.arm(self)
         heartbeat.start(self)
         return self

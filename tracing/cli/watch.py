@@ -1,0 +1,74 @@
+"""``phasetrace watch RUN_DIR``: the stall watchdog as a standalone command over a run directory."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from ..diagnose import Thresholds
+from ..journal import SCHEMA_VERSION, JournalWriter
+from ..rundir import JOURNAL_DIR
+from ..watchdog import Watchdog
+from .command import EXIT_STALLED, CommandError
+
+
+class Watch:
+    name = "watch"
+    help = "watch a run live and name the rank that stalls (stacks, diagnosis), killing nothing"
+    description = """\
+Poll every rank's heartbeats and journal in RUN_DIR and report, within seconds, a rank that
+stopped: silent (no heartbeat), straggler (peers wait in a collective it never entered, or it is
+still in a phase all peers left), divergent collectives, or no progress anywhere. Each finding is
+one line on stderr and a `diagnosis` record in RUN_DIR/journal/, with stack dumps of the ranks
+involved in RUN_DIR/stacks/. Stops when every rank is ready.
+
+example:  phasetrace watch phasetrace-runs/20261129-101500-ab12cd --stall-s 60
+"""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        defaults = Thresholds.from_env()
+        parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory written by a traced launch")
+        parser.add_argument("--stall-s", type=float, default=defaults.stall_s,
+                            help="no progress for this long while peers wait = straggler (default %(default)s)")
+        parser.add_argument("--silent-s", type=float, default=defaults.silent_s,
+                            help="no heartbeat for this long = silent (default %(default)s)")
+        parser.add_argument("--no-progress-s", type=float, default=defaults.no_progress_s,
+                            help="nothing moved on any rank for this long (default %(default)s)")
+        parser.add_argument("--interval", type=float, default=defaults.heartbeat_s,
+                            help="seconds between passes (default: the heartbeat interval, %(default)s)")
+        parser.add_argument("--exit-on-stall", action="store_true",
+                            help=f"exit with code {EXIT_STALLED} at the first finding (for scripts)")
+        parser.add_argument("--timeout", type=float, help="give up after this many seconds")
+        parser.add_argument("--no-py-spy", action="store_true", help="faulthandler stacks only")
+
+    def run(self, args: argparse.Namespace) -> int:
+        run_dir = Path(args.run_dir)
+        if not run_dir.is_dir():
+            raise CommandError(f"{run_dir}: no such run directory")
+        th = Thresholds(args.interval, args.silent_s, args.stall_s, args.no_progress_s)
+        writer = JournalWriter(run_dir / JOURNAL_DIR / f"watch-{socket.gethostname()}-{os.getpid()}.jsonl")
+        writer.write({"v": SCHEMA_VERSION, "kind": "process", "t": time.time_ns(), "pid": os.getpid(),
+                      "ppid": os.getppid(), "host": socket.gethostname(), "run_id": run_dir.name, "resource": {}})
+        writer.write({"kind": "identity", "t": time.time_ns(), "label": "watch", "role": "watchdog", "attrs": {}})
+        dog = Watchdog(run_dir, th, out=sys.stderr, record=writer.write, py_spy=not args.no_py_spy)
+        deadline = time.monotonic() + args.timeout if args.timeout else None
+        stalled = False
+        try:
+            while deadline is None or time.monotonic() < deadline:
+                stalled |= bool(dog.step())
+                ranks = dog.run.ranks
+                if stalled and args.exit_on_stall:
+                    break
+                if ranks and all(p.ready for p in ranks):
+                    print(f"phasetrace: all {len(ranks)} ranks ready", file=sys.stderr)
+                    break
+                time.sleep(th.heartbeat_s)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            writer.close()
+        return EXIT_STALLED if stalled else 0
