@@ -178,7 +178,9 @@ class PatchEngine:
                 if value is original:
                     setattr(module, name, wrapper)
                     aliases.append((module, name))
-                elif inspect.isfunction(value) and _captures(value, original):
+                # ``type() is``, not isinstance(): that reads ``__class__``, which warns on some
+                # module attributes (``torch.distributed.reduce_op``) and fails under ``-W error``.
+                elif type(value) is types.FunctionType and _captures(value, original):
                     self.warn(f"{target} is captured as a default argument of "
                               f"{value.__module__}.{value.__qualname__}; calls through it are not traced")
         return aliases

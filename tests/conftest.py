@@ -104,3 +104,31 @@ def engine_run(tiny_model: tuple[Path, Path], tmp_path_factory: pytest.TempPathF
     assert ran.returncode == 0, ran.stderr[-4000:]
     assert ran.run_dir is not None, "no run directory was written"
     return ran
+
+
+@pytest.fixture
+def trace_run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """In-process tracing: a fresh runtime journaling into ``tmp_path/run`` (journal only, no
+    exporter, heartbeats quiet); the runtime, its provider and the signal handlers that
+    ``start_phase`` arms are reset afterwards. Read spans back with ``tracing.rundir.load_run``."""
+    from sglang_phasetrace.tracing import heartbeat, runtime
+
+    path = tmp_path / "run"
+    monkeypatch.setenv("SGLANG_PHASETRACE_RUN_DIR", str(path))
+    monkeypatch.setenv("SGLANG_PHASETRACE_HEARTBEAT_S", "3600")  # one beat at start, then quiet
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "TRACEPARENT"):
+        monkeypatch.delenv(name, raising=False)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)}
+    runtime._current = None
+    yield path
+    rt = runtime._current
+    beat = getattr(heartbeat, "_current", None)
+    if beat is not None and getattr(beat, "rt", None) is rt:
+        beat.stop.set()
+    if rt is not None and rt.provider is not None:
+        rt.provider.shutdown()
+    if rt is not None and rt.journal is not None:
+        rt.journal.close()
+    runtime._current = None
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)

@@ -1,0 +1,182 @@
+"""Real OTLP trace receivers for the tests: gRPC and HTTP (``/v1/traces``, protobuf body).
+
+Both decode the wire format with the official ``opentelemetry-proto`` messages, the way a
+collector or Jaeger does, and keep what arrived as plain :class:`ReceivedSpan` records:
+
+    with OtlpReceiver("grpc") as receiver:          # or "http/protobuf"
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+               "OTEL_EXPORTER_OTLP_PROTOCOL": receiver.protocol}
+        ...
+        receiver.wait_for_spans(span_ids, timeout=20)
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import time
+import zlib
+from concurrent import futures
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.common.v1 import common_pb2
+
+PROTOCOLS = ("grpc", "http/protobuf")
+
+
+@dataclass
+class ReceivedSpan:
+    trace_id: str  # 32 hex
+    span_id: str  # 16 hex
+    parent_id: str | None
+    name: str
+    status: int  # Status.StatusCode: 0 unset, 1 ok, 2 error
+    attrs: dict[str, Any] = field(default_factory=dict)
+    resource: dict[str, Any] = field(default_factory=dict)
+
+
+def any_value(value: common_pb2.AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [any_value(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: any_value(kv.value) for kv in value.kvlist_value.values}
+    return getattr(value, kind)
+
+
+def attributes(items: Any) -> dict[str, Any]:
+    return {kv.key: any_value(kv.value) for kv in items}
+
+
+class OtlpReceiver:
+    """One receiver on 127.0.0.1 (a free port); thread-safe record of every exported span."""
+
+    def __init__(self, protocol: str = "grpc") -> None:
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol {protocol!r} not in {PROTOCOLS}")
+        self.protocol = protocol
+        self.port = 0
+        self.requests = 0
+        self._spans: list[ReceivedSpan] = []
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._server: Any = None
+
+    # -- decoding (shared by both transports) ---------------------------------------------------
+    def accept(self, request: trace_service_pb2.ExportTraceServiceRequest) -> None:
+        received = []
+        for resource_spans in request.resource_spans:
+            resource = attributes(resource_spans.resource.attributes)
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    received.append(ReceivedSpan(
+                        trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
+                        parent_id=span.parent_span_id.hex() or None, name=span.name,
+                        status=span.status.code, attrs=attributes(span.attributes), resource=resource))
+        with self._changed:
+            self.requests += 1
+            self._spans.extend(received)
+            self._changed.notify_all()
+
+    @property
+    def spans(self) -> list[ReceivedSpan]:
+        with self._lock:
+            return list(self._spans)
+
+    def by_id(self) -> dict[str, ReceivedSpan]:
+        return {s.span_id: s for s in self.spans}
+
+    def wait_for_spans(self, span_ids: set[str], timeout: float) -> set[str]:
+        """Wait until every id in ``span_ids`` arrived (or the timeout); return the missing ones."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                missing = set(span_ids) - {s.span_id for s in self._spans}
+                left = deadline - time.monotonic()
+                if not missing or left <= 0:
+                    return missing
+                self._changed.wait(left)
+
+    # -- transports ------------------------------------------------------------------------------
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> OtlpReceiver:
+        if self.protocol == "grpc":
+            self._start_grpc()
+        else:
+            self._start_http()
+        return self
+
+    def _start_grpc(self) -> None:
+        receiver = self
+
+        class Servicer(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request, context):
+                receiver.accept(request)
+                return trace_service_pb2.ExportTraceServiceResponse()
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Servicer(), server)
+        self.port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        self._server = server
+
+    def _start_http(self) -> None:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                if self.path.split("?")[0] != "/v1/traces":
+                    self.send_error(404)
+                    return
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                encoding = (self.headers.get("Content-Encoding") or "").lower()
+                if encoding == "gzip":
+                    body = gzip.decompress(body)
+                elif encoding == "deflate":
+                    body = zlib.decompress(body)
+                if "protobuf" not in (self.headers.get("Content-Type") or ""):
+                    self.send_error(415, "only application/x-protobuf is served here")
+                    return
+                request = trace_service_pb2.ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                receiver.accept(request)
+                reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, format: str, *args: Any) -> None:  # quiet
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.daemon_threads = True
+        self.port = server.server_address[1]
+        threading.Thread(target=server.serve_forever, name="otlp-http", daemon=True).start()
+        self._server = server
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        if self.protocol == "grpc":
+            server.stop(grace=None)
+        else:
+            server.shutdown()
+            server.server_close()
+
+    def __enter__(self) -> OtlpReceiver:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,153 @@
+"""The journal reader: lines cut by ``kill -9``, corrupt lines (each reported once as
+``file:line``), and everything else used; plus a real process killed mid-phase."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from sglang_phasetrace.tracing.journal import JournalTail, JournalWriter, dumps, read_journal
+from sglang_phasetrace.tracing.rundir import RunView, load_run
+
+
+def rec(kind: str, t: int, **fields) -> dict:
+    return {"kind": kind, "t": t, **fields}
+
+
+GOOD = [
+    rec("process", 1, v=1, pid=42, host="h", run_id="r", boot_t=0, resource={}),
+    rec("begin", 2, span="a" * 16, parent=None, trace="f" * 32, name="rank tp0", attrs={"sglang.phase": "rank"}),
+    rec("begin", 3, span="b" * 16, parent="a" * 16, trace="f" * 32, name="kv_cache.alloc",
+        attrs={"sglang.phase": "kv_cache.alloc"}),
+    rec("end", 4, span="b" * 16, status="ok", attrs={"sglang.max_total_num_tokens": 4096}),
+]
+
+
+def write_lines(path: Path, lines: list[bytes | str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        for line in lines:
+            f.write(line.encode() if isinstance(line, str) else line)
+
+
+def journal_lines(records: list[dict]) -> list[str]:
+    return [dumps(r) + "\n" for r in records]
+
+
+def test_writer_round_trip(tmp_path):
+    path = tmp_path / "journal" / "h-1.jsonl"
+    writer = JournalWriter(path)
+    for record in GOOD:
+        writer.write(record)
+    writer.write(rec("event", 5, span="b" * 16, name="note", attrs={"text": "ünïcode ✓", "set": {1}}))
+    writer.close()
+    writer.write(rec("end", 6, span="a" * 16, status="ok"))  # after close: dropped, not raised
+
+    records, problems = read_journal(path)
+    assert problems == []
+    assert records[:4] == GOOD
+    assert records[4]["attrs"] == {"text": "ünïcode ✓", "set": [1]}
+    assert len(records) == 5
+
+
+def test_truncated_last_line_live_read_waits_final_read_reports(tmp_path):
+    path = tmp_path / "journal" / "h-42.jsonl"
+    cut = dumps(rec("end", 5, span="a" * 16, status="ok"))
+    write_lines(path, [*journal_lines(GOOD), cut[:17]])  # the last write was cut mid-line
+
+    tail = JournalTail(path)
+    assert tail.read() == GOOD, "a live read leaves the unfinished line for later"
+    assert tail.problems == []
+    with open(path, "ab") as f:  # the writer finishes the line
+        f.write((cut[17:] + "\n").encode())
+    assert tail.read() == [json.loads(cut)]
+    assert tail.problems == []
+
+    write_lines(path, [*journal_lines(GOOD), cut[:17]])  # a process killed with the line half-written
+    records, problems = read_journal(path)
+    assert records == GOOD
+    assert len(problems) == 1 and problems[0].startswith(f"{path}:5: ")
+
+
+def test_corrupt_line_reported_once_as_file_line_and_the_rest_used(tmp_path):
+    run = tmp_path / "run"
+    path = run / "journal" / "h-42.jsonl"
+    lines = journal_lines(GOOD)
+    lines.insert(2, '{"kind": "begin", "t": 2, "span": \n')  # line 3: not JSON
+    write_lines(path, lines)
+
+    view = RunView(run).refresh()
+    view.refresh()
+    with open(path, "a") as f:
+        f.write(dumps(rec("end", 9, span="a" * 16, status="ok")) + "\n")
+    view.refresh()
+    view.refresh(final=True)
+
+    assert len(view.problems) == 1, view.problems
+    assert view.problems[0].startswith(f"{path}:3: not a JSON record")
+    (proc,) = view.processes
+    assert proc.pid == 42
+    assert [s.status for s in proc.spans.values()] == ["ok", "ok"]
+    assert proc.spans["b" * 16].attrs["sglang.max_total_num_tokens"] == 4096
+
+
+def test_unusable_records_each_reported_with_their_line(tmp_path):
+    path = tmp_path / "run" / "journal" / "h-42.jsonl"
+    write_lines(path, [
+        journal_lines(GOOD)[0],
+        "\n",  # blank: skipped, not a problem
+        b'{"kind": "begin", "t": 2, "name": "\xff\xfe"}\n',  # not UTF-8
+        '["a", "list"]\n',
+        '{"kind": "gossip", "t": 3}\n',  # unknown kind
+        '{"kind": "begin", "t": "3"}\n',  # t not an integer
+        *journal_lines(GOOD[1:]),
+    ])
+    run = load_run(tmp_path / "run")
+    lines = sorted(int(p.split(":")[1]) for p in run.problems)
+    assert lines == [3, 4, 5, 6]
+    assert all(p.startswith(f"{path}:") for p in run.problems)
+    (proc,) = run.processes
+    assert [s.name for s in proc.spans.values()] == ["rank tp0", "kv_cache.alloc"]
+
+
+def test_one_broken_journal_does_not_hide_the_others(tmp_path):
+    run = tmp_path / "run"
+    write_lines(run / "journal" / "h-42.jsonl", journal_lines(GOOD))
+    write_lines(run / "journal" / "h-43.jsonl", ["this is not json\n", *journal_lines(
+        [dict(GOOD[0], pid=43), rec("begin", 7, span="c" * 16, parent="a" * 16, trace="f" * 32, name="x", attrs={})])])
+    view = load_run(run)
+    assert sorted(p.pid for p in view.processes) == [42, 43]
+    assert view.problems == [f"{run / 'journal' / 'h-43.jsonl'}:1: not a JSON record (JSONDecodeError: "
+                             f"Expecting value: line 1 column 1 (char 0))"]
+
+
+def test_journal_of_a_process_killed_mid_phase(tmp_path):
+    """A real traced process dies by SIGKILL inside a phase: every record written before is
+    there, the phase it was in shows as begun and never ended."""
+    program = textwrap.dedent("""
+        import os, signal
+        from sglang_phasetrace.tracing import spans
+        outer = spans.start_phase("rank tp0", {"sglang.phase": "rank"}, root=True)
+        done = spans.start_phase("model.load_weights", {"sglang.phase": "model.load_weights"})
+        done.end()
+        spans.start_phase("kv_cache.alloc", {"sglang.phase": "kv_cache.alloc"})
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_PHASETRACE", "OTEL_", "TRACEPARENT"))}
+    env.update(SGLANG_PHASETRACE_RUN_DIR=str(tmp_path / "run"), SGLANG_PHASETRACE_HEARTBEAT_S="3600")
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+
+    run = load_run(tmp_path / "run")
+    assert run.problems == []
+    (proc,) = run.processes
+    by_phase = {s.phase: s for s in proc.spans.values()}
+    assert by_phase["model.load_weights"].status == "ok"
+    assert by_phase["kv_cache.alloc"].status == "open" and by_phase["kv_cache.alloc"].end is None
+    assert by_phase["rank"].status == "open"
+    assert proc.current.phase == "kv_cache.alloc"
