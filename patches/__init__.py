@@ -27,7 +27,7 @@ def install(warn=None) -> PatchEngine:
     return _engine
 
 
-def engine() -> PatchEngine | None:
+def current_engine() -> PatchEngine | None:
     return _engine
 
 
@@ -37,4 +37,4 @@ def patch_model_class(cls: type) -> None:
         _engine.patch_class(cls, MODEL_PHASES)
 
 
-__all__ = ["MODEL_PHASES", "PHASES", "Call", "PatchEngine", "Phase", "engine", "install", "patch_model_class"]
+__all__ = ["MODEL_PHASES", "PHASES", "Call", "PatchEngine", "Phase", "current_engine", "install", "patch_model_class"]

@@ -76,6 +76,7 @@ class PatchEngine:
         self.failed: dict[str, set[str]] = {}  # phase name -> candidates that cannot resolve
         self.reported: set[str] = set()
         self.lock = threading.RLock()
+        self._unswept: dict[int, tuple[Callable, Callable, Applied]] = {}  # wrapped, aliases not yet swept
         self.modules: dict[str, list[Phase]] = {}
         for phase in self.phases:
             for target in phase.targets:
@@ -89,16 +90,22 @@ class PatchEngine:
         import wrapt
 
         for module in self.modules:
-            wrapt.register_post_import_hook(self._on_import, module)
+            if module in sys.modules:
+                self._guarded(module, late=True)
+            else:
+                wrapt.register_post_import_hook(lambda m: self._guarded(m.__name__, late=False), module)
 
-    def _on_import(self, module: types.ModuleType) -> None:
+    def _guarded(self, name: str, late: bool) -> None:
         try:
-            self.apply_module(module.__name__)
+            self.apply_module(name, late)
         except Exception as exc:  # never fail the import
-            log.warning("sglang-phasetrace: patching %s failed: %r", module.__name__, exc)
+            log.warning("sglang-phasetrace: patching %s failed: %r", name, exc)
 
     # -- applying ------------------------------------------------------------------------------
-    def apply_module(self, name: str) -> None:
+    def apply_module(self, name: str, late: bool = True) -> None:
+        """Wrap the targets of module ``name``. ``late``: it was imported before we were installed,
+        so copies of its functions may be anywhere; else only its own package can hold one (a
+        circular import during its execution), and the alias sweep stays there."""
         with self.lock:
             for phase in self.modules.get(name, ()):
                 if phase.mode == "all":
@@ -107,6 +114,8 @@ class PatchEngine:
                             self._try(phase, target)
                 else:
                     self._apply_first(phase)
+            if self._unswept:
+                self._repoint(None if late else name.partition(".")[0])
 
     def _apply_first(self, phase: Phase) -> None:
         """Walk candidates in order; a later one may win only once every earlier one cannot."""
@@ -163,27 +172,34 @@ class PatchEngine:
         setattr(found.owner, found.attr, raw)
         applied = Applied(phase, target, found.owner, found.attr, found.raw if found.own else None)
         if isinstance(found.owner, types.ModuleType):
-            applied.aliases = self._repoint(func, wrapper, target)
+            self._unswept[id(func)] = (func, wrapper, applied)
         self.applied[key] = applied
         return True
 
-    def _repoint(self, original: Callable, wrapper: Callable, target: str) -> list[tuple[types.ModuleType, str]]:
-        """Replace ``from X import f`` copies; report copies frozen into default arguments."""
-        aliases = []
-        for module in list(sys.modules.values()):
+    def _repoint(self, package: str | None) -> None:
+        """One sweep for all module-level functions just wrapped: replace ``from X import f``
+        copies, and report copies frozen into default arguments (those cannot be reached).
+        ``package`` limits the sweep to one top-level package (plus ``__main__``)."""
+        pending, self._unswept = self._unswept, {}
+        for module_name, module in list(sys.modules.items()):
+            if package is not None and module_name.partition(".")[0] not in (package, "__main__"):
+                continue
             namespace = getattr(module, "__dict__", None)
             if not isinstance(namespace, dict):
                 continue
             for name, value in list(namespace.items()):
-                if value is original:
-                    setattr(module, name, wrapper)
-                    aliases.append((module, name))
+                hit = pending.get(id(value))
+                if hit is not None and hit[0] is value:
+                    setattr(module, name, hit[1])
+                    hit[2].aliases.append((module, name))
                 # ``type() is``, not isinstance(): that reads ``__class__``, which warns on some
                 # module attributes (``torch.distributed.reduce_op``) and fails under ``-W error``.
-                elif type(value) is types.FunctionType and _captures(value, original):
-                    self.warn(f"{target} is captured as a default argument of "
-                              f"{value.__module__}.{value.__qualname__}; calls through it are not traced")
-        return aliases
+                elif type(value) is types.FunctionType and (value.__defaults__ or value.__kwdefaults__):
+                    for default in _defaults(value):
+                        captured = pending.get(id(default))
+                        if captured is not None and captured[0] is default:
+                            self.warn(f"{captured[2].target} is captured as a default argument of "
+                                      f"{value.__module__}.{value.__qualname__}; calls through it are not traced")
 
     def patch_class(self, cls: type, phases: Iterable[Phase]) -> None:
         """Wrap ``"*:attr"`` targets on a class found at run time (e.g. the loaded model's class)."""
@@ -221,9 +237,8 @@ class PatchEngine:
         return out
 
 
-def _captures(func: Callable, original: Callable) -> bool:
-    defaults = (func.__defaults__ or ()) + tuple((func.__kwdefaults__ or {}).values())
-    return any(d is original for d in defaults)
+def _defaults(func: Callable) -> tuple:
+    return (func.__defaults__ or ()) + tuple((func.__kwdefaults__ or {}).values())
 
 
 def _importable(module: str) -> bool:

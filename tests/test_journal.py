@@ -122,8 +122,8 @@ def test_one_broken_journal_does_not_hide_the_others(tmp_path):
         [dict(GOOD[0], pid=43), rec("begin", 7, span="c" * 16, parent="a" * 16, trace="f" * 32, name="x", attrs={})])])
     view = load_run(run)
     assert sorted(p.pid for p in view.processes) == [42, 43]
-    assert view.problems == [f"{run / 'journal' / 'h-43.jsonl'}:1: not a JSON record (JSONDecodeError: "
-                             f"Expecting value: line 1 column 1 (char 0))"]
+    [problem] = view.problems  # the parser's own words follow the file:line
+    assert problem.startswith(f"{run / 'journal' / 'h-43.jsonl'}:1: not a JSON record (JSONDecodeError: ")
 
 
 def test_journal_of_a_process_killed_mid_phase(tmp_path):

@@ -1,0 +1,82 @@
+"""Benchmark: what tracing costs. Prints ratios measured in this one run.
+
+1. interpreter start of a process that never imports SGLang, with the hook on PYTHONPATH vs without;
+2. importing SGLang's scheduler, model runner, engine and EAGLE worker, tracing on vs off;
+3. one call through a traced phase wrapper vs the bare function (in-process, journal only).
+
+    python scripts/bench_overhead.py [--runs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+IMPORTS = ("import sglang.srt.managers.scheduler, sglang.srt.entrypoints.engine, "
+           "sglang.srt.speculative.eagle_worker_v2")
+
+
+def timed(code: str, env: dict[str, str], runs: int) -> float:
+    """Median wall time of ``python -c code`` after one warm-up run (which also writes .pyc files)."""
+    samples = []
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def per_call_us(calls: int = 20000) -> tuple[float, float]:
+    os.environ["SGLANG_PHASETRACE_RUN_DIR"] = tempfile.mkdtemp(prefix="bench-overhead-")
+    os.environ["SGLANG_PHASETRACE_HEARTBEAT_S"] = "3600"
+    from sglang_phasetrace.patches.spec import Phase
+    from sglang_phasetrace.patches.wrappers import make_wrapper
+
+    def step(x: int) -> int:
+        return x + 1
+
+    traced = make_wrapper(Phase("bench.step", ("m:step",)), step, "m:step", is_method=False)
+    traced(0)  # start the runtime outside the timing
+    results = []
+    for fn in (step, traced):
+        start = time.perf_counter()
+        for i in range(calls):
+            fn(i)
+        results.append((time.perf_counter() - start) / calls * 1e6)
+    return results[0], results[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7)
+    args = parser.parse_args()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_PHASETRACE")}
+    base.pop("PYTHONPATH", None)
+    base.pop("PYTHONDONTWRITEBYTECODE", None)  # measure as deployed: compiled once, cached
+    hooked = {**base, "PYTHONPATH": str(ROOT / "sitecustomize_hooks"),
+              "SGLANG_PHASETRACE_RUN_DIR": tempfile.mkdtemp(prefix="bench-overhead-")}
+    off = {**hooked, "SGLANG_PHASETRACE": "0"}
+
+    plain, with_hook = timed("pass", base, 3 * args.runs), timed("pass", hooked, 3 * args.runs)
+    print(f"python -c pass        no hook {plain * 1e3:7.1f} ms   hook on PYTHONPATH {with_hook * 1e3:7.1f} ms"
+          f"   ratio {with_hook / plain:.3f}")
+    runs = max(3, args.runs // 2)
+    untraced, traced = timed(IMPORTS, off, runs), timed(IMPORTS, hooked, runs)
+    print(f"import SGLang          tracing off {untraced:6.2f} s   tracing on {traced:6.2f} s"
+          f"       ratio {traced / untraced:.3f}")
+    bare, wrapped = per_call_us()
+    print(f"one traced phase call  bare {bare:8.2f} µs   traced {wrapped:8.2f} µs (span + 2 journal writes)"
+          f"   +{wrapped - bare:.1f} µs")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

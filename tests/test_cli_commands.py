@@ -1,0 +1,317 @@
+"""The ``phasetrace`` verbs on synthetic runs (every shape) and on one real traced tp=2 CPU start.
+
+Assertions read parsed output (JSON, table rows, the report's embedded data), never whitespace.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_fixtures import FAIL_MESSAGE, PEER_WAIT_PHASE, STALL_PHASE, SyntheticRun, build_run
+from conftest import requires_sglang
+from sglang_phasetrace.tracing.cli import findings as findings_module
+from sglang_phasetrace.tracing.cli import main
+from sglang_phasetrace.tracing.diagnose import Finding
+
+VERBS = ("run", "status", "timeline", "compare", "report", "export", "doctor")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SyntheticRun]:
+    base = tmp_path_factory.mktemp("synthetic")
+    return {
+        "ok": build_run(base / "ok", ranks=4, spans=40),
+        "slow": build_run(base / "slow", ranks=4, spans=40, slow_rank=2),
+        "stalled": build_run(base / "stalled", ranks=4, spans=40, stalled_rank=1, corrupt=True),
+        "failed": build_run(base / "failed", ranks=3, spans=40, failed_rank=1),
+    }
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main([*argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def rows_by_label(text: str, labels: list[str]) -> dict[str, str]:
+    """The first output line starting with each label (timeline rows, table rows)."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        first = line.split(maxsplit=1)[0] if line.strip() else ""
+        if first in labels and first not in found:
+            found[first] = line
+    return found
+
+
+def legend(text: str) -> dict[str, dict[str, str]]:
+    """Timeline legend lines ``glyph  phase  spread  [slowest X]  [open in …]`` by phase."""
+    out = {}
+    for m in re.finditer(r"^  (\S)  (\S+(?: \[\S+\])?)\s+(.+?)(?:  slowest (\S+))?(?:  open in (.+))?$", text, re.M):
+        out[m[2]] = {"glyph": m[1], "slowest": m[4] or "", "open": m[5] or ""}
+    return out
+
+
+def report_data(html: str) -> dict:
+    m = re.search(r'<script type="application/json" id="data">(.*?)</script>', html, re.S)
+    assert m, "the report embeds its timeline data"
+    return json.loads(m[1].replace("<\\/", "</"))
+
+
+# -- the command line itself ------------------------------------------------------------------------
+
+
+def test_help_lists_every_verb_and_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "--help")
+    assert code == 0
+    for verb in VERBS:
+        assert re.search(rf"^\s+{verb}\s+\S", out, re.M), f"{verb} missing from --help"
+    assert "exit codes" in out
+    for verb in VERBS:
+        code, out, _ = run_cli(capsys, verb, "--help")
+        assert code == 0 and "phasetrace" in out and "usage:" in out
+
+
+def test_bad_usage_and_bad_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert run_cli(capsys, )[0] == 2
+    assert run_cli(capsys, "timeline")[0] == 2
+    code, _, err = run_cli(capsys, "timeline", str(tmp_path / "nowhere"))
+    assert code == 1 and str(tmp_path / "nowhere") in err and "not a phasetrace run directory" in err
+    code, _, err = run_cli(capsys, "compare", str(tmp_path), str(tmp_path), str(tmp_path))
+    assert code == 2 and "two" in err
+
+
+def test_corrupt_lines_reported_once_with_file_and_line_and_the_rest_used(
+        runs: dict[str, SyntheticRun], capsys: pytest.CaptureFixture[str]) -> None:
+    run = runs["stalled"]
+    code, out, err = run_cli(capsys, "compare", str(run.path), "--json")
+    assert code == 0
+    for where in run.broken:
+        assert err.count(where + ":") == 1, err
+    phases = {p["phase"]: p for p in json.loads(out)["phases"]}
+    assert set(phases["rank"]["per_rank_s"]) == set(run.labels)  # the damaged journals still count
+
+
+# -- timeline ------------------------------------------------------------------------------------------
+
+
+def test_timeline_rows_open_phases_and_slowest(runs: dict[str, SyntheticRun],
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    run = runs["stalled"]
+    code, out, _ = run_cli(capsys, "timeline", str(run.path), "--width", "140", "--depth", "2")
+    assert code == 0
+    rows = rows_by_label(out, ["launcher", *run.labels])
+    assert set(rows) == {"launcher", *run.labels}
+    assert f"open in {STALL_PHASE}" in rows["tp1"]
+    for peer in set(run.labels) - {"tp1"}:
+        assert f"open in {PEER_WAIT_PHASE} [tp]" in rows[peer]
+    assert all(">" in row for row in rows.values())
+    phases = legend(out)
+    assert "tp1" in phases[STALL_PHASE]["open"]
+
+    slow = runs["slow"]
+    code, out, _ = run_cli(capsys, "timeline", str(slow.path), "--width", "140")
+    rows, phases = rows_by_label(out, slow.labels), legend(out)
+    item = phases["scheduler.init_tp_worker"]
+    assert item["slowest"] == slow.slow
+    chart = lambda row: row.split(maxsplit=1)[1]  # noqa: E731
+    assert item["glyph"].upper() in chart(rows[slow.slow])
+    assert all(item["glyph"].upper() not in chart(rows[r]) for r in slow.labels if r != slow.slow)
+
+
+def test_timeline_failed_rank(runs: dict[str, SyntheticRun], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "timeline", str(runs["failed"].path), "--width", "120")
+    assert code == 0
+    assert "failed in model.load_weights" in rows_by_label(out, ["tp1"])["tp1"]
+
+
+# -- compare -------------------------------------------------------------------------------------------
+
+
+def test_compare_ranks_sorted_by_skew(runs: dict[str, SyntheticRun], capsys: pytest.CaptureFixture[str]) -> None:
+    run = runs["slow"]
+    code, out, _ = run_cli(capsys, "compare", str(run.path), "--json")
+    assert code == 0
+    phases = json.loads(out)["phases"]
+    skews = [p["skew_s"] for p in phases]
+    assert skews == sorted(skews, reverse=True)
+    by = {p["phase"]: p for p in phases}
+    weights = by["model.weights_iterator"]
+    assert weights["slowest"] == run.slow and weights["ranks"] == 4
+    assert weights["skew_s"] == pytest.approx(weights["max_s"] - weights["min_s"])
+    # one rank loads two models: target and draft are told apart, not summed
+    assert {"model.load_weights", "model.load_weights [draft]", "dist.group_coordinator [tp]"} <= set(by)
+    assert by["graph.capture_bs"]["count"] > 1  # repeats of one variant are summed, and counted
+
+    code, out, _ = run_cli(capsys, "compare", str(run.path))
+    table = rows_by_label(out, ["model.weights_iterator"])["model.weights_iterator"]
+    assert run.slow in table.split()
+
+
+def test_compare_two_runs(runs: dict[str, SyntheticRun], capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = runs["ok"], runs["slow"]
+    code, out, _ = run_cli(capsys, "compare", str(a.path), str(b.path), "--json")
+    assert code == 0
+    phases = json.loads(out)["phases"]
+    weights = [abs(p["delta_s"]) if p["delta_s"] is not None else max(
+        (p["a"] or p["b"])["max_s"], 0) for p in phases]
+    assert weights == sorted(weights, reverse=True)
+    by = {p["phase"]: p for p in phases}
+    w = by["model.weights_iterator"]
+    assert w["delta_s"] == pytest.approx(w["b"]["max_s"] - w["a"]["max_s"]) and w["delta_s"] > 1
+
+    stalled = runs["stalled"]
+    code, out, _ = run_cli(capsys, "compare", str(a.path), str(stalled.path), "--json")
+    by = {p["phase"]: p for p in json.loads(out)["phases"]}
+    assert by["kv_cache.alloc"]["b"] is None and by["kv_cache.alloc"]["delta_s"] is None  # only in A
+    assert by[STALL_PHASE]["b"]["open"] == ["tp1"]
+
+    code, out, _ = run_cli(capsys, "compare", str(a.path), str(b.path))
+    assert code == 0 and "model.weights_iterator" in out and "+" in rows_by_label(
+        out, ["model.weights_iterator"])["model.weights_iterator"]
+
+
+# -- status --------------------------------------------------------------------------------------------
+
+
+def test_status_stalled_run_exits_nonzero(runs: dict[str, SyntheticRun], capsys: pytest.CaptureFixture[str]) -> None:
+    run = runs["stalled"]
+    code, out, _ = run_cli(capsys, "status", str(run.path), "--json")
+    assert code == 3
+    ranks = {r["label"]: r for r in json.loads(out)["ranks"]}
+    stuck = ranks["tp1"]
+    assert stuck["state"] == "stalled" and stuck["phase"] == STALL_PHASE
+    assert stuck["verdict"].startswith("straggler:") and "peers wait" in stuck["verdict"]
+    assert stuck["heartbeat_age_s"] > 60 and stuck["rss"] == 2_500_000_000 and stuck["threads"] == 12
+    assert stuck["progress"] == "1/2 (50%) groups" and stuck["collective"].startswith("barrier tp #4")
+    assert stuck["gpu"] == ""  # not in the heartbeat: blank, never made up
+    assert any(f["label"] == "tp1" and f["kind"] == "straggler" for f in json.loads(out)["findings"])
+    code, out, _ = run_cli(capsys, "status", str(run.path), "--once")
+    assert code == 3
+    assert "stalled" in rows_by_label(out, ["tp1"])["tp1"]
+    assert re.search(r"^tp1: straggler: .*peers wait", out, re.M)
+
+
+def test_status_ready_and_failed(runs: dict[str, SyntheticRun], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "status", str(runs["ok"].path), "--json")
+    assert code == 0 and {r["state"] for r in json.loads(out)["ranks"]} == {"ready"}
+    code, out, _ = run_cli(capsys, "status", str(runs["ok"].path))  # live: stops, nothing will change
+    assert code == 0 and rows_by_label(out, ["tp3"])["tp3"].split()[:3] == ["tp3", "2003", "ready"]
+    code, out, _ = run_cli(capsys, "status", str(runs["failed"].path), "--json")
+    ranks = {r["label"]: r for r in json.loads(out)["ranks"]}
+    assert code == 4 and ranks["tp1"]["state"] == "failed" and ranks["tp1"]["phase"] == "model.load_weights"
+
+
+def test_status_verdict_from_analysis_without_diagnosis_record(
+        runs: dict[str, SyntheticRun], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    run = runs["ok"]
+    seen = []
+
+    def analyze(view, now_ns, thresholds):
+        seen.append(now_ns)
+        return [Finding("silent", "tp2", run.pids["tp2"], "kv_cache.alloc", 42.0, "no heartbeat for 42 s")]
+
+    monkeypatch.setattr(findings_module, "analyze", analyze)
+    code, out, _ = run_cli(capsys, "status", str(run.path), "--json")
+    ranks = {r["label"]: r for r in json.loads(out)["ranks"]}
+    assert seen and code == 3
+    assert ranks["tp2"]["state"] == "stalled" and ranks["tp2"]["verdict"] == "silent: no heartbeat for 42 s"
+    assert ranks["tp0"]["state"] == "ready"
+
+
+# -- report --------------------------------------------------------------------------------------------
+
+
+def test_report_highlights_the_stalled_rank(runs: dict[str, SyntheticRun], capsys: pytest.CaptureFixture[str],
+                                           tmp_path: Path) -> None:
+    run = runs["stalled"]
+    out_file = tmp_path / "r.html"
+    code, out, _ = run_cli(capsys, "report", str(run.path), "-o", str(out_file))
+    assert code == 0 and str(out_file) in out
+    html = out_file.read_text()
+    assert re.search(r'class="verdict stalled">STALLED — tp1 in ' + re.escape(STALL_PHASE), html)
+    assert 'class="finding" data-rank="tp1"' in html
+    assert "init_distributed_environment" in html  # the stack dump is embedded
+    assert all(f"<td>{peer}</td><td>{PEER_WAIT_PHASE}</td>" in html for peer in ("tp0", "tp2", "tp3"))
+    data = report_data(html)
+    lanes = {lane["label"]: lane for lane in data["lanes"]}
+    assert lanes["tp1"]["state"] == "stalled" and lanes["tp1"]["where"] == STALL_PHASE
+    assert lanes["tp1"]["verdict"].startswith("straggler")
+    open_bars = [b for b in lanes["tp1"]["bars"] if b[6] & 1]
+    assert {data["keys"][b[3]] for b in open_bars} == {"rank", "dist.init", STALL_PHASE}
+    assert not re.search(r'(src|href)="(https?:)?//', html) and "@import" not in html  # self-contained
+
+
+def test_report_failed_run_shows_the_error(runs: dict[str, SyntheticRun], capsys: pytest.CaptureFixture[str],
+                                          tmp_path: Path) -> None:
+    code, _, _ = run_cli(capsys, "report", str(runs["failed"].path), "-o", str(tmp_path / "f.html"))
+    html = (tmp_path / "f.html").read_text()
+    assert code == 0 and 'class="verdict failed">FAILED — tp1 in model.load_weights' in html
+    assert FAIL_MESSAGE in html and 'class="error" open data-rank="tp1"' in html
+
+
+# -- on a real traced start ----------------------------------------------------------------------------
+
+
+@pytest.mark.sglang
+def test_real_run_every_reader(engine_run, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    run_dir = str(engine_run.run_dir)
+    ranks = ["tp0", "tp1"]
+
+    code, out, err = run_cli(capsys, "timeline", run_dir, "--width", "140", "--depth", "2")
+    assert code == 0 and "skipped" not in err
+    rows = rows_by_label(out, ["launcher", *ranks])
+    assert set(rows) == {"launcher", *ranks} and all(rows[r].rstrip().endswith("ready") for r in ranks)
+    phases = legend(out)
+    assert {"rank.bootstrap", "scheduler.init_tp_worker", "dist.init_process_group"} <= set(phases)
+    boot = phases["rank.bootstrap"]
+    assert boot["slowest"] in ranks
+    other = next(r for r in ranks if r != boot["slowest"])
+    assert boot["glyph"].upper() in rows[boot["slowest"]] and boot["glyph"].upper() not in rows[other].split()[1]
+
+    code, out, _ = run_cli(capsys, "compare", run_dir, "--json")
+    phases = {p["phase"]: p for p in json.loads(out)["phases"]}
+    for name in ("rank", "dist.init", "model.load_weights", "kv_cache.alloc", "dist.group_coordinator [tp]"):
+        assert set(phases[name]["per_rank_s"]) == set(ranks) and phases[name]["open"] == [], name
+    assert set(phases["launch.engine"]["per_rank_s"]) == {"launcher"}
+    code, out, _ = run_cli(capsys, "compare", run_dir, run_dir, "--json")
+    assert code == 0 and all(p["delta_s"] == 0 for p in json.loads(out)["phases"])
+
+    code, out, _ = run_cli(capsys, "status", run_dir, "--json")
+    rows = {r["label"]: r for r in json.loads(out)["ranks"]}
+    assert code == 0 and set(rows) == {"launcher", *ranks}
+    assert all(rows[r]["state"] == "ready" and rows[r]["verdict"] == "" for r in ranks)
+    for r in ranks:  # a heartbeat was written: its figures are shown; GPU fields stay blank on CPU
+        if rows[r]["heartbeat_age_s"] is not None:
+            assert rows[r]["rss"] > 0 and rows[r]["threads"] > 0 and rows[r]["gpu"] == ""
+
+    report = tmp_path / "real.html"
+    assert run_cli(capsys, "report", run_dir, "-o", str(report))[0] == 0
+    html = report.read_text()
+    assert 'class="verdict ready">READY — 2 ranks ready' in html
+    data = report_data(html)
+    lanes = {lane["label"]: lane for lane in data["lanes"]}
+    assert set(lanes) == {"launcher", *ranks} and all(len(lanes[r]["bars"]) > 10 for r in ranks)
+    assert "<td>model.load_weights</td>" in html
+
+
+@requires_sglang
+def test_doctor_on_installed_sglang() -> None:
+    both = ("import sys; from sglang_phasetrace.tracing.cli import main; code = main(['doctor', '--json']); "
+            "print('\\n=====', flush=True); sys.exit(code or main(['doctor']))")  # one import of SGLang
+    done = subprocess.run([sys.executable, "-c", both], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    as_json, table = done.stdout.split("\n=====\n")
+    report = json.loads(as_json)
+    phases = {p["phase"]: p for p in report["phases"]}
+    assert report["sglang"] and report["missing_required"] == []
+    assert phases["rank"]["status"] == "ok" and phases["rank"]["required"]
+    assert phases["rank"]["targets"][0]["state"] == "used"
+    runtime = [p for p in report["phases"] if p["targets"] and p["targets"][0]["target"].startswith("*:")]
+    assert runtime and all(p["status"] == "run time" for p in runtime)
+    assert "every required phase resolves" in table and "resolved on the model classes" in table
+    assert rows_by_label(table, ["rank"])["rank"].split()[1:4] == ["first", "yes", "ok"]

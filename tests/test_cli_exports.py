@@ -1,0 +1,220 @@
+"""Exports checked against what their consumers require, and OTLP delivered to a real collector.
+
+Jaeger: every span's process exists, every reference resolves, µs times, one process per rank.
+Perfetto: valid trace events, one named process per rank, slices nest, open phases not ended.
+OTLP: Rotel (an independent collector, PyPI ``rotel``) decodes every span we send, over
+HTTP/protobuf and gRPC, and accepts the OTLP JSON file as-is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from cli_fixtures import STALL_PHASE, build_run
+from sglang_phasetrace.tracing.cli import main
+from sglang_phasetrace.tracing.rundir import load_run
+
+
+@pytest.fixture(scope="module", params=["stalled", "same-ids", "engine"])
+def run_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A stalled run (open phases, damaged journals), ranks sharing span ids, and a real start."""
+    if request.param == "engine":
+        return request.getfixturevalue("engine_run").run_dir
+    base = tmp_path_factory.mktemp(request.param)
+    if request.param == "stalled":
+        return build_run(base / "run", ranks=3, spans=30, stalled_rank=1, corrupt=True).path
+    return build_run(base / "run", ranks=3, spans=30, same_ids=True).path
+
+
+def export(run_dir: Path, fmt: str, tmp_path: Path) -> dict:
+    out = tmp_path / f"{fmt}.json"
+    assert main(["export", str(run_dir), "--format", fmt, "-o", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def journal_spans(run_dir: Path) -> tuple[int, dict[str, int]]:
+    """Count of spans, and processes by label, straight from the journals."""
+    run = load_run(run_dir)
+    return sum(len(p.spans) for p in run.processes), {p.label: p.pid for p in run.processes}
+
+
+def test_jaeger_upload_file(run_dir: Path, tmp_path: Path) -> None:
+    doc = export(run_dir, "jaeger", tmp_path)
+    total, procs = journal_spans(run_dir)
+    spans = [s for trace in doc["data"] for s in trace["spans"]]
+    assert len(spans) == total
+    run = load_run(run_dir)
+    lo = min(s.start for p in run.processes for s in p.spans.values()) // 1000
+    hi = max(p.last_t for p in run.processes) // 1000 + 1
+    services = set()
+    for trace in doc["data"]:
+        ids = {s["spanID"] for s in trace["spans"]}
+        assert len(ids) == len(trace["spans"]), "span ids are unique within a trace"
+        for s in trace["spans"]:
+            assert s["traceID"] == trace["traceID"] and s["processID"] in trace["processes"]
+            for ref in s["references"]:
+                assert ref["refType"] == "CHILD_OF" and ref["traceID"] == trace["traceID"] and ref["spanID"] in ids
+            assert lo <= s["startTime"] <= hi and 0 <= s["duration"] <= hi - lo  # microseconds
+        services |= {p["serviceName"] for p in trace["processes"].values()}
+    assert len(services) == len(procs) and all(any(label in s for s in services) for label in procs)
+    # parents follow the journal: a rank's phases hang under that rank's own root
+    by_id = {s["spanID"]: s for trace in doc["data"] for s in trace["spans"]}
+    for s in spans:
+        for ref in s["references"]:
+            parent = by_id[ref["spanID"]]
+            if s["operationName"].startswith("rank "):
+                assert parent["operationName"] == "sglang.launch"
+            else:
+                assert parent["processID"] == s["processID"]
+
+
+def test_perfetto_trace_events(run_dir: Path, tmp_path: Path) -> None:
+    doc = export(run_dir, "perfetto", tmp_path)
+    total, procs = journal_spans(run_dir)
+    events = doc["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert len(names) == len(procs) and all(any(n.startswith(label) for n in names.values()) for label in procs)
+    slices = [e for e in events if e["ph"] in ("X", "B")]
+    assert len(slices) == total and all(e["pid"] in names for e in slices)
+    assert all(isinstance(e["ts"], (int, float)) and e.get("dur", 0) >= 0 for e in slices)
+    tracks: dict[tuple, list] = defaultdict(list)
+    for e in slices:
+        tracks[(e["pid"], e["tid"])].append(e)
+    for track in tracks.values():  # slices on one track nest (exactly, in ns)
+        stack: list[int] = []
+        for e in sorted(track, key=lambda e: (round(e["ts"] * 1000), -round(e.get("dur", 1e18) * 1000))):
+            start = round(e["ts"] * 1000)
+            end = start + round(e["dur"] * 1000) if e["ph"] == "X" else None
+            while stack and stack[-1] is not None and stack[-1] <= start:
+                stack.pop()
+            assert not stack or stack[-1] is None or (end is not None and end <= stack[-1]), e["name"]
+            stack.append(end)
+    begun = [e for e in slices if e["ph"] == "B"]
+    assert not any(e["ph"] == "E" for e in events)  # what never ended is shown as not ended
+    if "stalled" in str(run_dir.parent):
+        assert STALL_PHASE in {e["name"] for e in begun}
+
+
+def test_otlp_json_shape(run_dir: Path, tmp_path: Path) -> None:
+    doc = export(run_dir, "otlp-json", tmp_path)
+    total, procs = journal_spans(run_dir)
+    spans = [s for rs in doc["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+    assert len(doc["resourceSpans"]) == len(procs) and len(spans) == total
+    for s in spans:
+        assert re.fullmatch(r"[0-9a-f]{32}", s["traceId"]) and re.fullmatch(r"[0-9a-f]{16}", s["spanId"])
+        assert s["kind"] == 1 and s["status"]["code"] in (0, 1, 2)
+        assert int(s["startTimeUnixNano"]) <= int(s["endTimeUnixNano"])
+    assert len({s["spanId"] for s in spans}) == len(spans)
+
+
+# -- a real collector ----------------------------------------------------------------------------------
+
+
+def rotel_agent() -> str | None:
+    try:
+        import rotel
+    except ImportError:
+        return None
+    path = Path(rotel.__file__).parent / "rotel-agent"
+    return str(path) if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Rotel:
+    """Rotel on loopback logging every decoded span (ids and names) to a file we read back."""
+
+    def __init__(self, agent: str, workdir: Path) -> None:
+        self.grpc, self.http = free_port(), free_port()
+        self.log = workdir / "rotel.out"
+        self.proc = subprocess.Popen(
+            [agent, "start", "--otlp-grpc-endpoint", f"127.0.0.1:{self.grpc}",
+             "--otlp-http-endpoint", f"127.0.0.1:{self.http}", "--exporter", "blackhole",
+             "--debug-log", "traces", "--debug-log-verbosity", "detailed",
+             "--pid-file", str(workdir / "rotel.pid"), "--log-file", str(workdir / "rotel.log")],
+            stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.http), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise AssertionError(f"rotel did not listen: {self.log.read_text()[-2000:]}")
+
+    def span_ids(self) -> list[str]:
+        return re.findall(r"^\s+ID\s+:\s+([0-9a-f]{16})\s*$", self.log.read_text(errors="replace"), re.M)
+
+    def wait_for(self, count: int, timeout: float = 20) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and len(self.span_ids()) < count:
+            time.sleep(0.2)
+        return self.span_ids()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def rotel(tmp_path: Path):
+    agent = rotel_agent()
+    if agent is None:
+        pytest.skip("the Rotel collector is not installed (scripts/install-test-tools.sh installs it)")
+    collector = Rotel(agent, tmp_path)
+    yield collector
+    collector.stop()
+
+
+def test_collector_decodes_every_span(run_dir: Path, rotel: Rotel, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    expected = {s["spanID"] for t in export(run_dir, "jaeger", tmp_path)["data"] for s in t["spans"]}
+    assert main(["export", str(run_dir), "--endpoint", f"http://127.0.0.1:{rotel.http}"]) == 0
+    assert f"sent {len(expected)} spans" in capsys.readouterr().out
+    seen = rotel.wait_for(len(expected))
+    assert sorted(seen) == sorted(expected), "HTTP/protobuf: each span decoded once"
+
+    assert main(["export", str(run_dir), "--endpoint", f"127.0.0.1:{rotel.grpc}", "--protocol", "grpc"]) == 0
+    seen = rotel.wait_for(2 * len(expected))
+    assert sorted(seen) == sorted(list(expected) * 2), "gRPC: each span decoded once more"
+
+    body = json.dumps(export(run_dir, "otlp-json", tmp_path)).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{rotel.http}/v1/traces", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 200
+    seen = rotel.wait_for(3 * len(expected))
+    assert sorted(seen) == sorted(list(expected) * 3), "OTLP JSON file: accepted and every span decoded"
+
+
+def test_collector_down_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = build_run(tmp_path / "run", ranks=1, spans=5)
+    port = free_port()
+    code = main(["export", str(run.path), "--endpoint", f"http://127.0.0.1:{port}", "--timeout", "1"])
+    assert code == 1 and f"127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_install_script_is_idempotent_shell() -> None:
+    script = Path(__file__).resolve().parents[1] / "scripts" / "install-test-tools.sh"
+    assert script.is_file() and os.access(script, os.X_OK)
+    if shutil.which("bash"):
+        assert subprocess.run(["bash", "-n", str(script)]).returncode == 0

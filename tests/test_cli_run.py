@@ -1,0 +1,118 @@
+"""``phasetrace run -- <command…>``: the hook and a fresh run directory reach the command, the
+status line and summary appear, report and exports are written, the exit code comes back."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import CPU_ENV, ROOT, SCRIPTS
+from sglang_phasetrace.tracing.cli import main
+
+# A stand-in launch: records its environment, writes a launcher and two rank journals the way
+# traced processes do (phases begin, then end), and exits with the code it is given.
+FAKE_LAUNCH = r'''
+import json, os, sys, time
+from pathlib import Path
+run = Path(os.environ["SGLANG_PHASETRACE_RUN_DIR"])
+(run / "env.json").write_text(json.dumps({"PYTHONPATH": os.environ.get("PYTHONPATH", "")}))
+fail = sys.argv[1] == "fail"
+files = {}
+def write(pid, record):
+    record.setdefault("t", time.time_ns())
+    f = files.setdefault(pid, open(run / "journal" / f"h-{pid}.jsonl", "a"))
+    f.write(json.dumps(record) + "\n"); f.flush()
+(run / "journal").mkdir(parents=True, exist_ok=True)
+trace, root = "ab" * 16, "1" * 16
+write(1, {"kind": "process", "pid": 1, "host": "h"})
+write(1, {"kind": "identity", "label": "launcher", "role": "launcher"})
+write(1, {"kind": "begin", "span": root, "parent": None, "trace": trace, "name": "sglang.launch",
+          "attrs": {"sglang.phase": "launch.engine"}})
+for r in (0, 1):
+    pid = 10 + r
+    write(pid, {"kind": "process", "pid": pid, "host": "h"})
+    write(pid, {"kind": "identity", "label": f"tp{r}", "role": "rank"})
+    write(pid, {"kind": "begin", "span": f"{pid:016x}", "parent": root, "trace": trace, "name": f"rank tp{r}",
+                "attrs": {"sglang.phase": "rank"}})
+    write(pid, {"kind": "begin", "span": f"{pid + 100:016x}", "parent": f"{pid:016x}", "trace": trace,
+                "name": "model.load_weights", "attrs": {"sglang.phase": "model.load_weights"}})
+time.sleep(1.5)
+for r in (0, 1):
+    pid, bad = 10 + r, fail and r == 1
+    error = {"error": {"type": "RuntimeError", "message": "weights are corrupt"}} if bad else {}
+    write(pid, {"kind": "end", "span": f"{pid + 100:016x}", "status": "error" if bad else "ok", **error})
+    write(pid, {"kind": "end", "span": f"{pid:016x}", "status": "error" if bad else "ok"})
+if not fail:
+    write(1, {"kind": "end", "span": root, "status": "ok"})
+time.sleep(1.0)
+sys.exit(int(sys.argv[2]))
+'''
+
+
+@pytest.fixture
+def fake_launch(tmp_path: Path) -> Path:
+    script = tmp_path / "fake_launch.py"
+    script.write_text(FAKE_LAUNCH)
+    return script
+
+
+def only_run_dir(base: Path) -> Path:
+    dirs = [p for p in base.iterdir() if p.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def test_run_ready(fake_launch: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = tmp_path / "runs"
+    code = main(["run", "--dir", str(base), "--interval", "0.2", "--", sys.executable, str(fake_launch), "ok", "0"])
+    err = capsys.readouterr().err
+    run_dir = only_run_dir(base)
+    assert code == 0
+    env = json.loads((run_dir / "env.json").read_text())
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT / "sitecustomize_hooks")
+    assert f"tracing into {run_dir}" in err
+    assert "2 ranks: tp0 model.load_weights" in err  # the live line while ranks load
+    assert "READY — 2 ranks ready" in err
+    for name in ("report.html", "export-jaeger.json", "export-perfetto.json"):
+        assert f": {run_dir / name}" in err and (run_dir / name).stat().st_size > 0
+    assert json.loads((run_dir / "export-jaeger.json").read_text())["data"][0]["spans"]
+
+
+def test_run_failure_keeps_exit_code(fake_launch: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = tmp_path / "runs"
+    code = main(["run", "--dir", str(base), "--interval", "0.2", "--", sys.executable, str(fake_launch), "fail", "3"])
+    err = capsys.readouterr().err
+    run_dir = only_run_dir(base)
+    assert code == 3
+    assert "FAILED — tp1 in model.load_weights: weights are corrupt" in err
+    assert "the command exited with 3" in err
+    assert "FAILED" in (run_dir / "report.html").read_text()
+
+
+def test_run_command_that_cannot_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = tmp_path / "runs"
+    assert main(["run", "--dir", str(base), "--", str(tmp_path / "missing-program")]) == 127
+    assert "cannot start" in capsys.readouterr().err and not list(base.iterdir())
+    assert main(["run"]) == 2
+
+
+@pytest.mark.sglang
+def test_run_real_sglang_start(tiny_model: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in CPU_ENV.items():
+        monkeypatch.setenv(key, value)
+    for key in [k for k in os.environ if k.startswith(("SGLANG_PHASETRACE", "OTEL_", "TRACEPARENT"))]:
+        monkeypatch.delenv(key)
+    base = tmp_path / "runs"
+    code = main(["run", "--dir", str(base), "--", sys.executable, str(SCRIPTS / "start_engine.py"),
+                 str(tiny_model[0]), "--tp", "2", "--no-generate"])
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
+    run_dir = only_run_dir(base)
+    assert "READY — 2 ranks ready" in err
+    assert {p.name for p in (run_dir / "journal").iterdir()} and (run_dir / "report.html").is_file()
+    for rank in ("tp0", "tp1"):
+        assert any(line.split()[1:3] == [rank, "ready"] for line in err.splitlines() if line.startswith("phasetrace:"))

@@ -1,0 +1,81 @@
+"""What every verb shares: the Command protocol, CommandError, and reading a run directory."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Protocol
+
+from rich.console import Console
+
+from ..rundir import RunView, load_run
+
+# Exit codes beyond 0 (fine), 1 (error) and 2 (bad usage, from argparse).
+EXIT_STALLED = 3
+EXIT_FAILED = 4
+
+
+class CommandError(Exception):
+    """A failure to report in one line, mapped by ``main`` to ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class Command(Protocol):
+    """A verb. One that sets ``bulk = True`` reads a whole run once and exits; ``main`` switches
+    the cyclic garbage collector off for it (long-running verbs leave it on)."""
+
+    name: str
+    help: str  # one line for the verb list
+    description: str  # the verb's own --help text (what it is for, with an example)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def open_run(path: str | Path) -> RunView:
+    """Load a run directory; journal lines that cannot be used are reported once, on stderr."""
+    try:
+        run = load_run(path)
+    except FileNotFoundError as exc:
+        raise CommandError(str(exc)) from None
+    report_problems(run)
+    if not run.processes:
+        raise CommandError(f"{path}: no process journal in {Path(path) / 'journal'}")
+    return run
+
+
+def report_problems(run: RunView, said: set[str] | None = None) -> None:
+    for problem in run.problems:
+        if said is None or problem not in said:
+            print(f"phasetrace: skipped {problem}", file=sys.stderr)
+            if said is not None:
+                said.add(problem)
+
+
+def write_output(data: str | bytes, output: str | None) -> None:
+    """To ``output`` (a file path, ``-`` for stdout) or stdout."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    if output in (None, "-"):
+        sys.stdout.flush()
+        sys.stdout.buffer.write(raw) if hasattr(sys.stdout, "buffer") else sys.stdout.write(raw.decode())
+        sys.stdout.flush()
+        return
+    path = Path(output)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(raw)
+    except OSError as exc:
+        raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def make_console(width: int | None = None) -> Console:
+    """Rich console; off a terminal (pipe, log) wide enough that table rows never wrap."""
+    console = Console(highlight=False, width=width, soft_wrap=True)
+    if width is None and not console.is_terminal:
+        console = Console(highlight=False, width=max(console.width, 200), soft_wrap=True)
+    return console

@@ -1,0 +1,93 @@
+"""``phasetrace export``: a run as a Jaeger upload, OTLP JSON or Perfetto file, or sent over OTLP."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from ..render.jaeger import to_jaeger
+from ..render.jsonout import dumps
+from ..render.lanes import Layout, layout
+from ..render.otlp_json import to_otlp_json
+from ..render.perfetto import to_perfetto
+from .command import CommandError, open_run, write_output
+
+FORMATS: dict[str, Callable[[Layout], dict[str, Any]]] = {
+    "jaeger": to_jaeger, "otlp-json": to_otlp_json, "perfetto": to_perfetto}
+BATCH = 512  # spans per OTLP request: well under a collector's default 4 MiB message limit
+
+
+def export_file(lay: Layout, fmt: str, output: str | None) -> None:
+    write_output(dumps(FORMATS[fmt](lay)), output)
+
+
+def send(lay: Layout, endpoint: str, protocol: str, headers: dict[str, str], timeout: float) -> int:
+    """Send every span with the SDK's OTLP exporter; return how many went."""
+    from ..render.otlp_spans import to_sdk_spans
+
+    url = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter(endpoint=url.netloc, insecure=url.scheme != "https", headers=headers,
+                                    timeout=timeout)
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        path = url.path if url.path not in ("", "/") else "/v1/traces"
+        exporter = OTLPSpanExporter(endpoint=url._replace(path=path).geturl(), headers=headers, timeout=timeout)
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    spans = to_sdk_spans(lay)
+    try:
+        for i in range(0, len(spans), BATCH):
+            if exporter.export(spans[i:i + BATCH]) is not SpanExportResult.SUCCESS:
+                raise CommandError(f"{endpoint} refused or did not answer ({protocol}); {i} of {len(spans)} spans sent")
+    finally:
+        exporter.shutdown()
+    return len(spans)
+
+
+class Export:
+    name = "export"
+    bulk = True
+    help = "write a Jaeger, OTLP JSON or Perfetto file, or send the run to an OTLP collector"
+    description = """\
+Files:
+  jaeger     Jaeger UI upload (Search → "JSON File"): one Jaeger process per rank
+  otlp-json  OTLP/JSON, as POST /v1/traces accepts it (any OpenTelemetry collector)
+  perfetto   Chrome trace-event JSON for ui.perfetto.dev or chrome://tracing: one track per rank
+Phases that never ended are marked (open / "did not end") rather than dropped.
+
+  phasetrace export RUN_DIR --format perfetto -o startup.json
+  phasetrace export RUN_DIR --endpoint http://localhost:4318            # OTLP/HTTP to a collector
+  phasetrace export RUN_DIR --endpoint localhost:4317 --protocol grpc"""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds journal/)")
+        parser.add_argument("--format", "-f", choices=sorted(FORMATS), default="jaeger",
+                            help="file format (default jaeger)")
+        parser.add_argument("-o", "--output", metavar="FILE",
+                            help="output file, '-' for stdout (default: RUN_DIR/export-<format>.json)")
+        parser.add_argument("--endpoint", metavar="URL", help="send over OTLP to this collector instead of a file")
+        parser.add_argument("--protocol", choices=("http/protobuf", "grpc"), default="http/protobuf",
+                            help="OTLP protocol for --endpoint (default http/protobuf)")
+        parser.add_argument("--header", action="append", default=[], metavar="KEY=VALUE",
+                            help="extra OTLP request header (repeatable)")
+        parser.add_argument("--timeout", type=float, default=10.0, metavar="S", help="OTLP request timeout")
+
+    def run(self, args: argparse.Namespace) -> int:
+        lay = layout(open_run(args.run_dir))
+        if args.endpoint:
+            headers = dict(h.split("=", 1) for h in args.header if "=" in h)
+            n = send(lay, args.endpoint, args.protocol, headers, args.timeout)
+            print(f"sent {n} spans from {len(lay.lanes)} processes to {args.endpoint} ({args.protocol})")
+            return 0
+        output = args.output or str(Path(args.run_dir) / f"export-{args.format}.json")
+        export_file(lay, args.format, output)
+        if output != "-":
+            print(f"wrote {output}")
+        return 0

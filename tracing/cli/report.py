@@ -1,0 +1,42 @@
+"""``phasetrace report RUN_DIR -o report.html``: one self-contained HTML file for a run."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..render.html_report import render_report
+from ..render.lanes import Layout, layout
+from .command import open_run, write_output
+from .findings import by_process, findings
+
+
+def write_report(lay: Layout, output: str) -> None:
+    """Judged at the run's last record, so an old finished run is not called silent today."""
+    found = findings(lay.run, lay.end)
+    write_output(render_report(lay, found, by_process(lay.run, found)), output)
+
+
+class Report:
+    name = "report"
+    bulk = True
+    help = "one self-contained HTML page: verdict, stall diagnosis and stacks, timeline, compare"
+    description = """\
+Write a single HTML file (no network needed to view it) showing at a glance which rank stopped
+and where: the verdict, the watchdog's diagnosis with the stack dumps, errors with their
+tracebacks, one timeline lane per process (nested phases, hover for attributes) and the
+per-phase comparison across ranks.
+
+  phasetrace report RUN_DIR -o startup.html && xdg-open startup.html"""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds journal/)")
+        parser.add_argument("-o", "--output", metavar="FILE", help="HTML file (default: RUN_DIR/report.html)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        lay = layout(open_run(args.run_dir))
+        output = args.output or str(Path(args.run_dir) / "report.html")
+        write_report(lay, output)
+        if output != "-":
+            print(f"wrote {output}")
+        return 0

@@ -1,0 +1,97 @@
+"""``phasetrace status RUN_DIR``: the live per-rank table; non-zero exit while a rank is stalled."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import socket
+import time
+
+import psutil
+from rich.console import Group
+from rich.live import Live
+from rich.text import Text
+
+from ..diagnose import Finding, Thresholds
+from ..render.lanes import layout
+from ..render.status_table import StatusRow, status_rows, status_table, verdict_lines
+from ..rundir import RunView
+from .command import EXIT_FAILED, EXIT_STALLED, CommandError, make_console, report_problems
+from .findings import by_process, findings
+
+
+def exit_code(rows: list[StatusRow], found: list[Finding]) -> int:
+    if found:  # a stalled rank, or a stall no single rank explains (divergence, no progress)
+        return EXIT_STALLED
+    if any(r.state in ("failed", "incomplete", "gone") for r in rows):
+        return EXIT_FAILED
+    return 0
+
+
+def finished(rows: list[StatusRow]) -> bool:
+    """Nothing will change any more: every process ready, failed or gone."""
+    return bool(rows) and all(r.state in ("ready", "failed", "incomplete", "gone", "exited") for r in rows)
+
+
+class Status:
+    name = "status"
+    help = "live per-rank table: phase, time in it, heartbeat, progress, verdict"
+    description = f"""\
+Show where every process of a run is: its current phase and for how long, the age of its last
+heartbeat, progress, CPU/memory/GPU figures when the heartbeat carries them, and a stall
+verdict (the watchdog's diagnosis, else a fresh analysis). Refreshes until every rank is ready
+or has stopped; --once prints one frame. Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one
+failed, so scripts can poll it:
+
+  phasetrace status RUN_DIR --once || echo "startup is in trouble"
+  phasetrace status RUN_DIR --once --json | jq '.ranks[] | select(.state != "ready")'"""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds journal/)")
+        parser.add_argument("--once", action="store_true", help="print one frame and exit")
+        parser.add_argument("--json", action="store_true", help="one JSON document (implies --once)")
+        parser.add_argument("--interval", type=float, default=1.0, metavar="S", help="refresh period (default 1)")
+        parser.add_argument("--silent-after", type=float, metavar="S",
+                            help="no heartbeat for this long counts as silent (default: "
+                                 "$SGLANG_PHASETRACE_SILENT_S, else 3 heartbeats)")
+
+    def frame(self, view: RunView, args: argparse.Namespace, said: set[str],
+              ) -> tuple[list[StatusRow], list[Finding], Group]:
+        view.refresh()
+        report_problems(view, said)
+        now = time.time_ns()
+        lay = layout(view, now)
+        thresholds = Thresholds.from_env()
+        if args.silent_after is not None:
+            thresholds = dataclasses.replace(thresholds, silent_s=args.silent_after)
+        found = findings(view, now, thresholds)
+        here = socket.gethostname()
+        alive = {p.pid: psutil.pid_exists(p.pid) for p in view.processes if p.host == here}
+        rows = status_rows(lay, now, by_process(view, found), alive)
+        unnamed = [f for f in found if f.pid not in {r.pid for r in rows if r.state == "stalled"}]
+        extra = [Text(f"{f.kind}: {f.message}", style="red") for f in unnamed]
+        table = status_table(rows, f"{view.run_id}  ({len(rows)} processes)")
+        return rows, found, Group(table, *verdict_lines(rows), *extra)
+
+    def run(self, args: argparse.Namespace) -> int:
+        view = RunView(args.run_dir)
+        if not (view.path / "journal").is_dir():
+            raise CommandError(f"{view.path}: not a phasetrace run directory (no journal/ inside)")
+        said: set[str] = set()
+        rows, found, shown = self.frame(view, args, said)
+        if args.json:
+            print(json.dumps({"run": str(view.path), "exit_code": exit_code(rows, found),
+                              "ranks": [r.to_json() for r in rows],
+                              "findings": [dataclasses.asdict(f) for f in found]}, indent=1))
+            return exit_code(rows, found)
+        console = make_console()
+        if args.once or finished(rows):
+            console.print(shown)
+            return exit_code(rows, found)
+        with Live(shown, console=console, refresh_per_second=4) as live:
+            while not finished(rows):
+                time.sleep(max(0.1, args.interval))
+                rows, found, shown = self.frame(view, args, said)
+                live.update(shown)
+        return exit_code(rows, found)

@@ -1,0 +1,36 @@
+"""``phasetrace timeline RUN_DIR``: the per-rank Gantt chart in the terminal."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..render.lanes import layout
+from ..render.timeline_text import render_timeline
+from .command import make_console, open_run
+
+
+class Timeline:
+    name = "timeline"
+    bulk = True
+    help = "per-rank Gantt chart of the startup phases"
+    description = """\
+Draw each process of a run as a row, its phases as bars on one time axis.
+A letter names each phase (legend below the chart); the slowest rank of a phase draws it in
+capitals; a phase that never ended (still running, or the process died there) ends with '>'.
+
+  phasetrace timeline phasetrace-runs/20250101-120000-ab12cd
+  phasetrace timeline RUN_DIR --depth 2 --width 160   # sub-phases on extra rows"""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds journal/)")
+        parser.add_argument("--depth", type=int, default=1, metavar="N",
+                            help="phase levels below each process root to draw, one row each (default 1; "
+                                 "0 draws the roots)")
+        parser.add_argument("--width", type=int, metavar="COLS", help="chart width (default: the terminal's)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        lay = layout(open_run(args.run_dir))
+        console = make_console(args.width)
+        for line in render_timeline(lay, width=console.width, depth=max(0, args.depth)):
+            console.print(line)
+        return 0

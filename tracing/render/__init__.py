@@ -1,0 +1,1 @@
+"""Turning a run directory into pictures and files: terminal tables, timelines, HTML, exports."""

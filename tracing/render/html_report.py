@@ -1,0 +1,283 @@
+"""One self-contained HTML report of a run: verdict, stall diagnosis with stacks, per-rank
+timeline, compare table. No network: styles and script are inline, the data is embedded JSON.
+
+The verdict, diagnosis, errors and table are plain HTML (readable with scripts off); the timeline
+lanes are drawn by a small inline script from the embedded data, so a 1000-rank run stays a
+few MB instead of one element per span in the file.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from string import Template
+from typing import Any
+
+from ..diagnose import Finding
+from ..rundir import STACKS_DIR
+from .jsonout import dumps
+from .lanes import Layout
+from .phase_stats import PhaseStat, within_run
+from .units import duration
+from .verdict import headline
+
+MAX_VALUE = 240  # characters of an attribute value shown on hover
+MAX_STACK = 200_000  # characters of one stack file embedded
+TABLE_ROWS = 40
+OPEN, ERROR, INCOMPLETE, SLOWEST = 1, 2, 4, 8
+
+
+def _short(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > MAX_VALUE:
+        return value[:MAX_VALUE] + f"… ({len(value)} chars)"
+    if isinstance(value, (list, tuple, dict)):
+        return _short(json.dumps(value, default=str))
+    return value
+
+
+class _Table:
+    """Interns repeated values (phase keys, names, attribute sets) into index tables."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.index: dict[Any, int] = {}
+
+    def add(self, key: Any, make: Callable[[], Any] | None = None) -> int:
+        """The index of ``key``; a new entry is ``make()`` (default: the key itself)."""
+        i = self.index.get(key)
+        if i is None:
+            i = self.index[key] = len(self.items)
+            self.items.append(key if make is None else make())
+        return i
+
+
+def _attrs_key(attrs: dict[str, Any]) -> Any:
+    try:
+        key = tuple(attrs.items())
+        hash(key)
+        return key
+    except TypeError:
+        return json.dumps(attrs, sort_keys=True, default=str)
+
+
+def timeline_data(lay: Layout, stats: dict[str, PhaseStat], verdicts: dict[int, Finding]) -> dict[str, Any]:
+    keys, names, attrs = _Table(), _Table(), _Table()
+    slowest = {k: s.slowest for k, s in stats.items() if len(s.per_rank) > 1 and s.skew > 0}
+    lanes = []
+    for lane in lay.lanes:
+        bars = []
+        for bar in lane.bars:
+            s = bar.span
+            shown = s.attrs
+            if s.error:
+                shown = {**shown, "error": f"{s.error.get('type') or ''} {s.error.get('message') or ''}".strip()}
+            flags = (OPEN if bar.open else 0) | (ERROR if s.status == "error" else 0) | \
+                (INCOMPLETE if s.status == "incomplete" else 0) | (SLOWEST if slowest.get(bar.key) == lane.label else 0)
+            attr_index = attrs.add(_attrs_key(shown), lambda a=shown: {k: _short(v) for k, v in a.items()})
+            bars.append([round(lay.rel(s.start) * 1e3, 3), round(bar.seconds * 1e3, 3), bar.depth, keys.add(bar.key),
+                         names.add(s.name), attr_index, flags])
+        finding = verdicts.get(lane.proc.pid)
+        where = lane.where
+        lanes.append({"label": lane.label, "pid": lane.proc.pid, "host": lane.proc.host,
+                      "state": "stalled" if finding else lane.state, "where": where.key if where else None,
+                      "where_ms": round(lay.rel(where.span.start) * 1e3, 3) if where else None,
+                      "verdict": f"{finding.kind}: {finding.message}" if finding else None, "bars": bars})
+    return {"total_ms": round(lay.seconds * 1e3, 3), "keys": keys.items, "names": names.items,
+            "attrs": attrs.items, "lanes": lanes}
+
+
+def stack_files(lay: Layout, found: list[Finding]) -> list[tuple[str, Path]]:
+    """(rank label, path) of stack dumps: those findings name, then RUN_DIR/stacks/* by pid."""
+    by_pid = {lane.proc.pid: lane.label for lane in lay.lanes}
+    out: dict[Path, str] = {}
+    for f in found:
+        for name in f.stacks:
+            path = Path(name)
+            out.setdefault(path if path.is_absolute() else lay.run.path / path, f.label)
+    stacks = lay.run.path / STACKS_DIR
+    for path in sorted(stacks.glob("*.txt")) if stacks.is_dir() else ():
+        pids = [int(p) for p in re.findall(r"(?<![0-9])[0-9]+(?![0-9])", path.stem)]
+        label = next((by_pid[p] for p in pids if p in by_pid), path.stem)
+        out.setdefault(path, label)
+    return [(label, path) for path, label in out.items()]
+
+
+def _esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _diagnosis_html(found: list[Finding]) -> str:
+    parts = []
+    for f in found:
+        waiting = "".join(f"<tr><td>{_esc(k)}</td><td>{_esc(v)}</td></tr>" for k, v in f.waiting.items())
+        parts.append(f"""<div class="finding" data-rank="{_esc(f.label)}"><h3>{_esc(f.kind)}: {_esc(f.label)}
+{f'in <code>{_esc(f.phase)}</code>' if f.phase else ''} for {_esc(duration(f.since_s))}</h3>
+<p>{_esc(f.message)}</p>{f'<table class="waiting"><tr><th>peer</th><th>waits in</th></tr>{waiting}</table>'
+                         if waiting else ''}</div>""")
+    return "\n".join(parts)
+
+
+def _stacks_html(lay: Layout, found: list[Finding]) -> str:
+    """Non-empty stack dumps; open when there is a stall to explain."""
+    parts = []
+    for label, path in stack_files(lay, found):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError as exc:
+            text = f"(cannot read {path}: {exc.strerror})"
+        if not text.strip():
+            continue
+        if len(text) > MAX_STACK:
+            text = text[-MAX_STACK:]
+        parts.append(f'<details class="stack"{" open" if found else ""} data-rank="{_esc(label)}"><summary>'
+                     f'stacks of {_esc(label)} <code>{_esc(path)}</code></summary><pre>{_esc(text)}</pre></details>')
+    return "\n".join(parts)
+
+
+def _errors_html(lay: Layout) -> str:
+    rows: list[str] = []
+    for lane in sorted(lay.lanes, key=lambda lane: lane.proc.role != "rank"):  # ranks first: the cause
+        where = lane.where
+        if where is None or where.open or not where.span.error:
+            continue
+        e = where.span.error
+        opened = " open" if not rows else ""
+        rows.append(f"""<details class="error"{opened} data-rank="{_esc(lane.label)}"><summary><b>{_esc(lane.label)}</b>
+{_esc(lane.state)} in <code>{_esc(where.key)}</code>: {_esc(e.get('type') or '')} {_esc(e.get('message') or '')}
+</summary><pre>{_esc(e.get('stack') or '(no stack recorded)')}</pre></details>""")
+    return "\n".join(rows)
+
+
+def _compare_html(stats: list[PhaseStat]) -> str:
+    def row(s: PhaseStat) -> str:
+        several = len(s.per_rank) > 1
+        opened = " (open)" if s.open else ""
+        cells = (s.key + (f" x{s.count}" if s.count > 1 else ""), len(s.per_rank), duration(s.min),
+                 duration(s.median), duration(s.max) + opened, duration(s.skew) if several else "",
+                 s.slowest if several else "", s.fastest if several else "")
+        return "<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in cells) + "</tr>"
+
+    head = "".join(f"<th>{h}</th>" for h in ("phase", "ranks", "min", "median", "max", "skew", "slowest", "fastest"))
+    shown = "".join(row(s) for s in stats[:TABLE_ROWS])
+    rest = "".join(row(s) for s in stats[TABLE_ROWS:])
+    more = (f'<tbody class="more"><tr><td colspan="8"><details><summary>{len(stats) - TABLE_ROWS} more phases'
+            f'</summary><table>{rest}</table></details></td></tr></tbody>') if rest else ""
+    return f'<table class="compare"><thead><tr>{head}</tr></thead><tbody>{shown}</tbody>{more}</table>'
+
+
+def _problems_html(lay: Layout) -> str:
+    items = [f"<li><code>{_esc(p)}</code></li>" for p in lay.run.problems]
+    items += [f"<li>{_esc(lane.label)}: {_esc(w)}</li>" for lane in lay.lanes for w in lane.proc.warnings]
+    return f"<ul>{''.join(items)}</ul>" if items else "<p>none</p>"
+
+
+def render_report(lay: Layout, found: list[Finding], verdicts: dict[int, Finding]) -> str:
+    stats = within_run(lay)
+    verdict_class, verdict = headline(lay, found)
+    data = timeline_data(lay, {s.key: s for s in stats}, verdicts)
+    version = next((p.resource.get("sglang.version") for p in lay.run.processes if p.resource.get("sglang.version")),
+                   "")
+    diagnosis = _diagnosis_html(found)
+    stacks = _stacks_html(lay, found)
+    errors = _errors_html(lay)
+    return PAGE.substitute(
+        title=_esc(f"phasetrace — {lay.run.run_id}"), run=_esc(lay.run.run_id), path=_esc(lay.run.path),
+        version=_esc(version or "?"), processes=len(lay.lanes), total=_esc(duration(lay.seconds)),
+        verdict_class=verdict_class, verdict=_esc(verdict),
+        diagnosis=f'<section id="diagnosis"><h2>Stall diagnosis</h2>{diagnosis}</section>' if diagnosis else "",
+        errors=f'<section id="errors"><h2>Errors</h2>{errors}</section>' if errors else "",
+        stacks=f'<section id="stacks"><h2>Stack dumps</h2>{stacks}</section>' if stacks else "",
+        compare=_compare_html(stats), problems=_problems_html(lay),
+        data=dumps(data).decode("utf-8").replace("</", "<\\/"))
+
+
+PAGE = Template("""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>$title</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+body{font:13px/1.4 system-ui,-apple-system,Segoe UI,sans-serif;margin:16px;color:#1d232a;min-width:900px}
+h1{font-size:18px;margin:0 0 4px}h2{font-size:15px;margin:22px 0 8px;border-bottom:1px solid #ddd}
+code,pre{font:12px ui-monospace,Menlo,Consolas,monospace}
+pre{background:#f6f8fa;padding:8px;overflow:auto;max-height:420px}
+.meta{color:#57606a}.verdict{padding:10px 12px;border-radius:6px;font-weight:600;margin:10px 0}
+.verdict.ready{background:#dafbe1}.verdict.running{background:#fff8c5}
+.verdict.stalled,.verdict.failed{background:#ffebe9;color:#82071e;border:1px solid #cf222e}
+.finding{border-left:4px solid #cf222e;padding:2px 10px;margin:8px 0}.finding h3{font-size:14px;margin:4px 0}
+table{border-collapse:collapse}td,th{padding:2px 10px;text-align:right;white-space:nowrap}
+td:first-child,th:first-child{text-align:left}tr:nth-child(even) td{background:#f6f8fa}
+#axis{position:relative;height:18px;margin-left:190px;border-bottom:1px solid #999}
+#axis span{position:absolute;font-size:11px;color:#57606a;border-left:1px solid #999;padding-left:2px}
+.lane{display:flex;border-bottom:1px solid #eee;min-height:18px}
+.lane .label{width:182px;flex:none;padding:2px 8px 2px 0;font-weight:600;overflow:hidden;text-overflow:ellipsis}
+.lane .label small{display:block;font-weight:400;color:#57606a}
+.lane .track{position:relative;flex:1}
+.lane.stalled,.lane.failed,.lane.incomplete,.lane.gone{background:#ffebe9}
+.lane.stalled .label,.lane.failed .label{color:#cf222e}
+.bar{position:absolute;height:12px;min-width:1px;border-radius:2px;font-size:10px;line-height:12px;color:#111;
+ overflow:hidden;white-space:nowrap;box-sizing:border-box;cursor:default}
+.bar:hover{outline:2px solid #0969da;z-index:2}
+.bar.open{background-image:repeating-linear-gradient(45deg,rgba(255,255,255,.55) 0 4px,transparent 4px 8px)!important;
+ border-right:3px dashed #cf222e}
+.bar.err{border:2px solid #cf222e}.bar.slowest{box-shadow:inset 0 -3px 0 rgba(0,0,0,.55)}
+.stop{position:absolute;top:0;color:#cf222e;font-weight:700;font-size:11px;white-space:nowrap;z-index:3}
+.lane.running .stop{color:#7d4e00;font-weight:600}
+#legend span{display:inline-block;margin:2px 10px 2px 0}
+#legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
+</style></head><body>
+<h1>SGLang startup — $run</h1>
+<div class="meta"><code>$path</code> · SGLang $version · $processes processes · $total</div>
+<div id="verdict" class="verdict $verdict_class">$verdict</div>
+$diagnosis
+$errors
+$stacks
+<section id="timeline-section"><h2>Timeline</h2>
+<div class="meta">Each lane is a process; nested phases sit below their parent. Hatched with a dashed red end:
+never ended. Red outline: failed. Dark underline: the slowest rank of that phase. Hover a bar for its attributes.</div>
+<div id="axis"></div><div id="timeline"></div><div id="legend"></div></section>
+<section id="compare"><h2>Phases across ranks (largest skew first)</h2>$compare</section>
+<section id="problems"><h2>Problems and warnings</h2>$problems</section>
+<script type="application/json" id="data">$data</script>
+<script>
+(function(){
+const D=JSON.parse(document.getElementById('data').textContent), ROW=14, EAGER=40000;
+const T=D.total_ms||1, pct=v=>(100*v/T).toFixed(4)+'%';
+const color=k=>'hsl('+((k*47)%360)+',62%,'+(k%2?'70%':'62%')+')';
+const fmt=ms=>ms>=10000?(ms/1000).toFixed(1)+' s':ms>=1000?(ms/1000).toFixed(2)+' s':
+ ms>=1?ms.toPrecision(3)+' ms':(ms*1000).toPrecision(3)+' µs';
+const axis=document.getElementById('axis');
+for(let i=0;i<=8;i++){const s=document.createElement('span');s.style.left=(i*12.5)+'%';s.textContent=i?fmt(T*i/8):'0';
+ if(i<8)axis.appendChild(s);}
+function title(b){const a=D.attrs[b[5]];let t=D.names[b[4]]+'\\n'+D.keys[b[3]]+' — '+fmt(b[1])+
+ (b[6]&1?' (did not end)':b[6]&2?' (error)':b[6]&4?' (incomplete)':'');
+ for(const k in a)t+='\\n'+k+' = '+a[k];return t;}
+function draw(lane,track){
+ const f=document.createDocumentFragment(), stop=lane.state!=='ready'&&lane.where!==null;
+ for(const b of lane.bars){const e=document.createElement('div');
+  e.className='bar'+(b[6]&1?' open':'')+(b[6]&6?' err':'')+(b[6]&8?' slowest':'');
+  e.style.cssText='left:'+pct(b[0])+';width:'+pct(b[1])+';top:'+(2+b[2]*ROW)+'px;background:'+color(b[3]);
+  e.title=title(b);e.dataset.phase=D.keys[b[3]];if(b[1]>T/40&&!(stop&&b[2]===0))e.textContent=D.keys[b[3]];
+  f.appendChild(e);}
+ if(stop){const s=document.createElement('div');s.className='stop';
+  if(lane.where_ms>0.6*T)s.style.right=(100-100*lane.where_ms/T).toFixed(4)+'%';else s.style.left=pct(lane.where_ms);
+  s.textContent='\\u26a0 '+lane.state+' in '+lane.where;f.appendChild(s);}
+ track.appendChild(f);track.dataset.drawn='1';}
+const root=document.getElementById('timeline');let budget=EAGER;
+const io='IntersectionObserver' in window?new IntersectionObserver(es=>{for(const e of es)if(e.isIntersecting){
+ io.unobserve(e.target);draw(D.lanes[+e.target.dataset.i],e.target);}},{rootMargin:'800px'}):null;
+D.lanes.forEach((lane,i)=>{const l=document.createElement('div');l.className='lane '+lane.state;
+ l.dataset.rank=lane.label;l.dataset.state=lane.state;
+ const depth=lane.bars.reduce((m,b)=>Math.max(m,b[2]),0);
+ l.innerHTML='<div class="label"></div><div class="track"></div>';
+ l.firstChild.textContent=lane.label;const sm=document.createElement('small');
+ sm.textContent=lane.state+(lane.where&&lane.state!=='ready'?' · '+lane.where:'')+' · pid '+lane.pid;
+ if(lane.verdict)l.title=lane.verdict;l.firstChild.appendChild(sm);
+ const track=l.lastChild;track.style.height=(4+(depth+1)*ROW)+'px';track.dataset.i=i;root.appendChild(l);
+ if(budget>0||!io){budget-=lane.bars.length;draw(lane,track);}else io.observe(track);});
+const lg=document.getElementById('legend');D.keys.slice(0,60).forEach((k,i)=>{const s=document.createElement('span');
+ s.innerHTML='<i></i>';s.firstChild.style.background=color(i);s.appendChild(document.createTextNode(k));lg.appendChild(s);});
+})();
+</script></body></html>
+""")

@@ -1,0 +1,70 @@
+"""The Jaeger UI's JSON upload format ("JSON File" in the search page): one entry per trace.
+
+Times are microseconds, parents are ``CHILD_OF`` references, and every process of the run is its
+own Jaeger process (service ``<service> <rank>``) so rank rows stay distinguishable. A phase that
+never ended is drawn to the end of the run, tagged ``phasetrace.open`` and carries a warning.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .lanes import OPEN_ATTR, Bar, Lane, Layout
+
+OPEN_WARNING = "phase did not end: still running, or the process died here"
+
+
+_TYPES = {bool: "bool", int: "int64", float: "float64", str: "string"}
+
+
+def tag(key: str, value: Any) -> dict[str, Any]:
+    kind = _TYPES.get(type(value))
+    if kind is None:  # lists and the like: their JSON text
+        return {"key": key, "type": "string", "value": json.dumps(value, default=str)}
+    return {"key": key, "type": kind, "value": value}
+
+
+def _process(lane: Lane) -> dict[str, Any]:
+    proc = lane.proc
+    attrs = {**proc.resource, **proc.identity, "host.name": proc.host, "process.pid": proc.pid}
+    service = str(proc.resource.get("service.name") or "sglang")
+    return {"serviceName": f"{service} {lane.label}", "tags": [tag(k, v) for k, v in attrs.items()]}
+
+
+def _span(bar: Bar, process_id: str) -> dict[str, Any]:
+    s = bar.span
+    tags = [tag(k, v) for k, v in s.attrs.items()]
+    tags.append(tag("otel.status_code", {"ok": "OK", "open": "UNSET"}.get(s.status, "ERROR")))
+    warnings = None
+    if bar.open:
+        tags.append(tag(OPEN_ATTR, True))
+        warnings = [OPEN_WARNING]
+    elif s.status != "ok":
+        tags.append(tag("error", True))
+        tags.append(tag("phasetrace.status", s.status))
+    logs = [{"timestamp": e["t"] // 1000, "fields": [tag("event", e.get("name") or "event"),
+                                                       *(tag(k, v) for k, v in (e.get("attrs") or {}).items())]}
+            for e in s.events]
+    if s.error:
+        logs.append({"timestamp": (s.end or bar.end) // 1000, "fields": [
+            tag("event", "error"), *(tag(f"error.{k}", v) for k, v in s.error.items() if v is not None)]})
+    parent = bar.parent
+    refs = [{"refType": "CHILD_OF", "traceID": parent.span.trace_id, "spanID": parent.uid}] \
+        if parent is not None and parent.span.trace_id == s.trace_id else []
+    return {"traceID": s.trace_id, "spanID": bar.uid, "operationName": s.name, "references": refs, "flags": 1,
+            "startTime": s.start // 1000, "duration": max(0, bar.end - s.start) // 1000, "tags": tags,
+            "logs": logs, "processID": process_id, "warnings": warnings}
+
+
+def to_jaeger(lay: Layout) -> dict[str, Any]:
+    traces: dict[str, dict[str, Any]] = {}
+    for lane in lay.lanes:
+        process_id = f"p{lane.index + 1}"
+        process = _process(lane)
+        for bar in lane.bars:
+            trace = traces.setdefault(bar.span.trace_id, {"traceID": bar.span.trace_id, "spans": [],
+                                                          "processes": {}, "warnings": None})
+            trace["processes"][process_id] = process
+            trace["spans"].append(_span(bar, process_id))
+    return {"data": list(traces.values())}

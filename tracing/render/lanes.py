@@ -1,0 +1,146 @@
+"""A run laid out once for every renderer: one lane per process, spans as bars with run-unique ids.
+
+The terminal timeline, the HTML report, the Jaeger/OTLP/Perfetto exports and the compare tables
+all read this layout, so "open", "depth", "phase key" and the run's time bounds mean the same
+everywhere. Ids are made unique across processes here because forked ranks can draw identical
+span ids (a process-wide ``random.seed`` in the rank also seeds OTel's id generator).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass
+
+from ..rundir import ProcessRec, RunView, SpanRec
+
+OPEN_ATTR = "phasetrace.open"  # set on exported spans that never ended
+
+
+def phase_key(span: SpanRec) -> str:
+    """The phase name, told apart where one rank runs it several ways (draft model, comm group)."""
+    attrs = span.attrs
+    phase = attrs.get("sglang.phase") or span.name
+    if attrs.get("sglang.is_draft") is True:
+        return f"{phase} [draft]"
+    group = attrs.get("sglang.group_name")
+    return f"{phase} [{group}]" if group else phase
+
+
+@dataclass(slots=True)
+class Bar:
+    span: SpanRec
+    uid: str  # span id, unique within the run
+    parent: Bar | None  # the parent span when it is in this run
+    depth: int  # 0 for spans whose parent is not in the same process
+    end: int  # ns: the span's end, or the run's horizon while it is open
+    key: str  # phase_key(span)
+
+    @property
+    def open(self) -> bool:
+        return self.span.end is None
+
+    @property
+    def seconds(self) -> float:
+        return (self.end - self.span.start) / 1e9
+
+
+@dataclass
+class Lane:
+    proc: ProcessRec
+    index: int
+    bars: list[Bar]
+    label: str  # the process label, with ``@host:pid`` added where two processes share one
+
+    @property
+    def root(self) -> Bar | None:
+        root = self.proc.root
+        return next((b for b in self.bars if b.span is root), None) if root else None
+
+    @property
+    def state(self) -> str:
+        """``ready``, ``failed`` (an error ended the root), ``incomplete`` (a signal or exit ended
+        it), ``running`` (something still open), or ``exited`` (nothing open, no root)."""
+        root = self.proc.root
+        if root is not None and root.status != "open":
+            return {"ok": "ready", "error": "failed"}.get(root.status, root.status)
+        return "running" if any(b.open for b in self.bars) else "exited"
+
+    @property
+    def where(self) -> Bar | None:
+        """Where the process is or stopped: the innermost open phase, else the deepest failure."""
+        open_bars = [b for b in self.bars if b.open]
+        if open_bars:
+            return max(open_bars, key=lambda b: (b.depth, b.span.start))
+        failed = [b for b in self.bars if b.span.status in ("error", "incomplete")]
+        return max(failed, key=lambda b: (b.depth, b.span.start)) if failed else None
+
+
+@dataclass
+class Layout:
+    run: RunView
+    lanes: list[Lane]
+    start: int  # ns: the earliest span start
+    end: int  # ns: the horizon (now for a live run, else the latest record)
+
+    @property
+    def seconds(self) -> float:
+        return (self.end - self.start) / 1e9
+
+    def rel(self, t: int) -> float:
+        return (t - self.start) / 1e9
+
+
+def _rehash(span_id: str, proc: ProcessRec, taken: set[str]) -> str:
+    """A stable new id for a span whose id another process (or an earlier span) already uses."""
+    salt = 0
+    uid = span_id
+    while not uid or uid in taken:
+        salt += 1
+        uid = hashlib.blake2b(f"{proc.host}:{proc.pid}:{span_id}:{salt}".encode(), digest_size=8).hexdigest()
+    return uid
+
+
+def layout(run: RunView, now: int | None = None) -> Layout:
+    """Lay out ``run``; open phases are drawn up to ``now`` (default: the latest record seen)."""
+    procs = run.processes
+    horizon = now if now is not None else max(
+        [p.last_t for p in procs] + [s.end or s.start for p in procs for s in p.spans.values()] or [0])
+    taken: set[str] = set()
+    lanes: list[Lane] = []
+    owned: list[dict[str, Bar]] = []
+    elsewhere: list[tuple[Bar, str]] = []  # bars whose parent is in another process (rank roots)
+    for index, proc in enumerate(procs):
+        own: dict[str, Bar] = {}
+        bars = []
+        for span in proc.spans.values():
+            sid = span.span_id
+            if sid and sid not in taken:
+                uid = sid
+            else:
+                uid = _rehash(sid, proc, taken)
+            taken.add(uid)
+            parent = own.get(span.parent_id) if span.parent_id else None
+            end = span.end if span.end is not None else max(horizon, span.start)
+            bar = Bar(span, uid, parent, parent.depth + 1 if parent is not None else 0, end, phase_key(span))
+            if parent is None and span.parent_id:
+                elsewhere.append((bar, span.parent_id))
+            own[sid] = bar
+            bars.append(bar)
+        owned.append(own)
+        lanes.append(Lane(proc, index, bars, proc.label))
+    wanted = {parent_id for _, parent_id in elsewhere}
+    first_owner: dict[str, Bar] = {}
+    for own in owned:  # processes in order: a launcher's root wins over a rank's colliding id
+        for parent_id in wanted - first_owner.keys():
+            if parent_id in own:
+                first_owner[parent_id] = own[parent_id]
+    for bar, parent_id in elsewhere:
+        bar.parent = first_owner.get(parent_id)
+    names = Counter(lane.label for lane in lanes)
+    for lane in lanes:
+        if names[lane.label] > 1:
+            lane.label = f"{lane.label}@{lane.proc.host}:{lane.proc.pid}"
+    starts = [b.span.start for lane in lanes for b in lane.bars]
+    start = min(starts) if starts else horizon
+    return Layout(run, lanes, start, max(horizon, start))

@@ -1,0 +1,73 @@
+"""OTLP/JSON (``ExportTraceServiceRequest``): what ``POST /v1/traces`` with JSON accepts.
+
+Per the OTLP JSON mapping: ids are hex strings, enums are integers, 64-bit integers are decimal
+strings. One ``resourceSpans`` per process, carrying that process's resource. A phase that never
+ended ends at the run's horizon with status unset and ``phasetrace.open = true``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .lanes import OPEN_ATTR, Bar, Layout
+
+SCOPE = {"name": "sglang-phasetrace", "version": "0.1.0"}
+KIND_INTERNAL, STATUS_UNSET, STATUS_OK, STATUS_ERROR = 1, 0, 1, 2
+
+
+def any_value(value: Any) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        return {"doubleValue": value}
+    if isinstance(value, str):
+        return {"stringValue": value}
+    if isinstance(value, (list, tuple)):
+        return {"arrayValue": {"values": [any_value(v) for v in value]}}
+    return {"stringValue": json.dumps(value, default=str)}
+
+
+def attributes(attrs: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"key": str(k), "value": any_value(v)} for k, v in attrs.items() if v is not None]
+
+
+def status(bar: Bar) -> dict[str, Any]:
+    s = bar.span
+    if s.status == "ok":
+        return {"code": STATUS_OK}
+    if bar.open:
+        return {"code": STATUS_UNSET}
+    message = (s.error or {}).get("message") or s.status
+    return {"code": STATUS_ERROR, "message": str(message)}
+
+
+def _span(bar: Bar) -> dict[str, Any]:
+    s = bar.span
+    attrs = dict(s.attrs)
+    if bar.open:
+        attrs[OPEN_ATTR] = True
+    events = [{"timeUnixNano": str(e["t"]), "name": str(e.get("name") or "event"),
+               "attributes": attributes(e.get("attrs") or {})} for e in s.events]
+    if s.error:
+        events.append({"timeUnixNano": str(bar.end), "name": "exception", "attributes": attributes(
+            {f"exception.{k}": v for k, v in (("type", s.error.get("type")), ("message", s.error.get("message")),
+                                               ("stacktrace", s.error.get("stack")))})})
+    span = {"traceId": s.trace_id, "spanId": bar.uid, "name": s.name, "kind": KIND_INTERNAL,
+            "startTimeUnixNano": str(s.start), "endTimeUnixNano": str(bar.end), "attributes": attributes(attrs),
+            "events": events, "status": status(bar)}
+    if bar.parent is not None:
+        span["parentSpanId"] = bar.parent.uid
+    return span
+
+
+def to_otlp_json(lay: Layout) -> dict[str, Any]:
+    resource_spans = []
+    for lane in lay.lanes:
+        proc = lane.proc
+        resource = {"service.name": "sglang", **proc.resource, "host.name": proc.host, "process.pid": proc.pid}
+        resource_spans.append({"resource": {"attributes": attributes(resource)},
+                               "scopeSpans": [{"scope": SCOPE, "spans": [_span(b) for b in lane.bars]}]})
+    return {"resourceSpans": resource_spans}

@@ -1,0 +1,51 @@
+"""What ``phasetrace run`` prints: a one-line live status while ranks start, a summary at the end."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ..diagnose import Finding
+from .lanes import Lane, Layout
+from .units import duration
+from .verdict import headline, rank_lanes
+
+FEW = 4  # up to this many ranks are listed one by one
+
+
+def _where(lane: Lane, lay: Layout) -> str:
+    where = lane.where
+    if lane.state == "ready" or where is None:
+        return lane.state
+    return f"{where.key} {duration(lay.rel(lay.end) - lay.rel(where.span.start))}"
+
+
+def status_line(lay: Layout, verdicts: dict[int, Finding]) -> str:
+    """``tp0 model.load_weights 3.2 s · tp1 ready`` or, for many ranks, counts per phase."""
+    ranks = rank_lanes(lay)
+    if not ranks:
+        return "waiting for the first rank…"
+    stalled = [lane.label for lane in ranks if lane.proc.pid in verdicts]
+    if len(ranks) <= FEW:
+        parts = [f"{lane.label} {_where(lane, lay)}" for lane in ranks]
+    else:
+        counts = Counter(lane.where.key if lane.state == "running" and lane.where else lane.state for lane in ranks)
+        parts = [f"{n} {what}" for what, n in counts.most_common(4)]
+        if len(counts) > 4:
+            parts.append("…")
+    line = f"{len(ranks)} ranks: " + " · ".join(parts)
+    return line + (f" · STALLED: {', '.join(stalled[:4])}" if stalled else "")
+
+
+def summary(lay: Layout, found: list[Finding], verdicts: dict[int, Finding]) -> list[str]:
+    """The verdict, then one line per rank: state, time to ready, its longest top-level phase."""
+    lines = [headline(lay, found)[1]]
+    for lane in lay.lanes:
+        root = lane.root
+        top = [b for b in lane.bars if b.depth == 1] or lane.bars
+        longest = max(top, key=lambda b: b.seconds, default=None)
+        state = "stalled" if lane.proc.pid in verdicts else lane.state
+        where = lane.where if state != "ready" else None
+        lines.append(f"  {lane.label:<10} {state:<10} {duration(root.seconds) if root else '':>8}"
+                     + (f"  longest {longest.key} {duration(longest.seconds)}" if longest else "")
+                     + (f"  {'in' if state == 'running' else 'stopped in'} {where.key}" if where else ""))
+    return lines

@@ -1,0 +1,151 @@
+"""The live per-rank status: where each process is, for how long, how alive, and the verdict.
+
+Figures come from the journal (phase, time in phase) and the latest heartbeat (age, progress,
+CPU, memory, GPU, collective). A field the heartbeat does not carry is left blank, never guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from ..diagnose import Finding
+from .lanes import Lane, Layout
+from .units import duration, size
+
+
+@dataclass
+class StatusRow:
+    label: str
+    pid: int
+    host: str
+    state: str  # ready | running | failed | incomplete | exited | gone | stalled
+    phase: str | None
+    in_phase_s: float | None
+    heartbeat_age_s: float | None
+    progress: str
+    cpu_pct: float | None
+    rss: int | None
+    threads: int | None
+    gpu: str
+    collective: str
+    verdict: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def latest_heartbeat(lay: Layout, lane: Lane) -> dict[str, Any] | None:
+    """The newer of the status file and the journal's last heartbeat."""
+    beats = [b for b in (lay.run.status_file(lane.proc), lane.proc.last_heartbeat) if isinstance(b, dict)]
+    return max(beats, key=lambda b: b.get("t", 0)) if beats else None
+
+
+def _progress(lane: Lane, beat: dict[str, Any] | None) -> str:
+    where = lane.where
+    items = [p for p in (beat or {}).get("phases") or [] if isinstance(p, dict) and p.get("progress")]
+    match = next((p for p in items if where and p.get("span") == where.span.span_id), None)
+    progress = (match or (items[-1] if items else {})).get("progress")
+    if not progress and where is not None:  # the latest event that counts (e.g. shards loaded)
+        progress = next((e["attrs"] for e in reversed(where.span.events) if "done" in e.get("attrs", {})), None)
+    if not isinstance(progress, dict) or "done" not in progress:
+        return ""
+    done, total, unit = progress.get("done"), progress.get("total"), progress.get("unit", "")
+    text = f"{done}/{total}" if total else f"{done}"
+    if isinstance(done, (int, float)) and isinstance(total, (int, float)) and total:
+        text += f" ({100 * done / total:.0f}%)"
+    return f"{text} {unit}".strip()
+
+
+def _gpu(beat: dict[str, Any] | None) -> str:
+    g = (beat or {}).get("gpu")
+    if not isinstance(g, dict):
+        return ""
+    parts = []
+    if g.get("util") is not None:
+        parts.append(f"{g['util']}%")
+    if g.get("mem_used") is not None:
+        parts.append(size(g["mem_used"]))
+    if g.get("power_w") is not None:
+        parts.append(f"{g['power_w']:.0f} W")
+    if g.get("sm_clock_mhz") is not None:
+        parts.append(f"{g['sm_clock_mhz']} MHz")
+    return " ".join(parts)
+
+
+def _collective(beat: dict[str, Any] | None) -> str:
+    c = (beat or {}).get("collective")
+    if not isinstance(c, dict):
+        return ""
+    text = " ".join(str(c[k]) for k in ("op", "group") if c.get(k) is not None)
+    if c.get("seq") is not None:
+        text += f" #{c['seq']}"
+    if c.get("since_s") is not None:
+        text += f" {duration(c['since_s'])}"
+    return text
+
+
+def status_rows(lay: Layout, now: int, verdicts: dict[int, Finding], alive: dict[int, bool] | None = None,
+                ) -> list[StatusRow]:
+    rows = []
+    for lane in lay.lanes:
+        proc = lane.proc
+        beat = latest_heartbeat(lay, lane)
+        where = lane.where
+        state = lane.state
+        if state == "running" and alive is not None and not alive.get(proc.pid, True):
+            state = "gone"
+        finding = verdicts.get(proc.pid)
+        if finding is not None:
+            state = "stalled"
+        cpu = beat.get("cpu_s") if beat else None
+        interval = beat.get("interval_s") if beat else None
+        rows.append(StatusRow(
+            label=lane.label, pid=proc.pid, host=proc.host, state=state,
+            phase=where.key if where is not None and state != "ready" else None,
+            in_phase_s=((proc.last_t if state == "gone" else now) - where.span.start) / 1e9
+            if where is not None and where.open else None,
+            heartbeat_age_s=max(0.0, (now - beat["t"]) / 1e9) if beat and isinstance(beat.get("t"), int) else None,
+            progress=_progress(lane, beat),
+            cpu_pct=round(100 * cpu / interval, 1) if isinstance(cpu, (int, float)) and interval else None,
+            rss=beat.get("rss") if beat else None, threads=beat.get("threads") if beat else None,
+            gpu=_gpu(beat), collective=_collective(beat),
+            verdict=f"{finding.kind}: {finding.message}" if finding is not None else ""))
+    return rows
+
+
+STATE_STYLE = {"ready": "green", "running": "", "stalled": "bold red", "failed": "bold red",
+               "incomplete": "red", "gone": "red", "exited": "yellow"}
+
+
+COLUMNS = ("rank", "pid", "state", "phase", "in phase", "heartbeat", "progress", "cpu", "rss", "threads", "gpu",
+           "collective")
+RIGHT = {"pid", "in phase", "heartbeat", "cpu", "rss", "threads"}
+
+
+def _cells(r: StatusRow) -> tuple[str, ...]:
+    return (r.label, str(r.pid), r.state, r.phase or "", duration(r.in_phase_s),
+            f"{duration(r.heartbeat_age_s)} ago" if r.heartbeat_age_s is not None else "", r.progress,
+            f"{r.cpu_pct:.0f}%" if r.cpu_pct is not None else "", size(r.rss),
+            str(r.threads) if r.threads is not None else "", r.gpu, r.collective)
+
+
+def status_table(rows: list[StatusRow], title: str) -> Table:
+    """Columns no row has a value for (e.g. gpu on a CPU run) are left out."""
+    cells = [_cells(r) for r in rows]
+    keep = [i for i in range(len(COLUMNS)) if i < 3 or any(c[i] for c in cells)]
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for i in keep:
+        table.add_column(COLUMNS[i], justify="right" if COLUMNS[i] in RIGHT else "left", no_wrap=True)
+    for r, row in zip(rows, cells, strict=True):
+        table.add_row(*(Text(row[i], style=STATE_STYLE.get(r.state, "") if i == 2 else "") for i in keep))
+    return table
+
+
+def verdict_lines(rows: list[StatusRow]) -> list[Text]:
+    """The full stall verdicts, one line per rank, under the table."""
+    return [Text(f"{r.label}: {r.verdict}", style="red") for r in rows if r.verdict]

@@ -1,0 +1,134 @@
+"""A per-rank Gantt chart for the terminal: ranks as rows, phases as bars on one time axis.
+
+Each phase key gets a letter; a cell shows the phase that covers most of its time slice, so the
+chart stays legible without colour (pipes, CI logs). The slowest rank of a phase draws it in
+capitals; a phase that never ended finishes with ``>`` and its row says where it is open.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rich.text import Text
+
+from .lanes import Bar, Lane, Layout
+from .phase_stats import phase_stats
+from .units import duration
+
+GLYPHS = "abcdefghijklmnopqrstuvwxyz0123456789"
+COLORS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta",
+          "bright_green", "bright_yellow", "bright_blue", "bright_red")
+LABEL_W, TAIL_W = 10, 28
+
+
+@dataclass
+class Legend:
+    key: str
+    glyph: str
+    color: str
+    slowest: str | None  # lane label, when more than one lane ran the phase
+    spread: str  # "min-max s"
+    open_in: list[str]
+
+
+def _bars(lane: Lane, depth: int) -> list[Bar]:
+    return [b for b in lane.bars if b.depth == depth]
+
+
+def legends(lay: Layout, depths: range) -> dict[str, Legend]:
+    stats = phase_stats(lay, depths)
+    shown: dict[str, Legend] = {}
+    for lane in lay.lanes:
+        for bar in lane.bars:
+            if bar.depth in depths and bar.key not in shown:
+                n = len(shown)
+                stat = stats[bar.key]
+                shown[bar.key] = Legend(
+                    bar.key, GLYPHS[n] if n < len(GLYPHS) else "+", COLORS[n % len(COLORS)],
+                    stat.slowest if len(stat.per_rank) > 1 else None,
+                    f"{duration(stat.min)}-{duration(stat.max)}" if len(stat.per_rank) > 1 else duration(stat.max),
+                    stat.open)
+    return shown
+
+
+def _row(bars: list[Bar], lay: Layout, width: int, legend: dict[str, Legend], label: str) -> Text:
+    """One row of ``width`` cells; each cell shows the phase covering most of its time slice."""
+    span = max(lay.end - lay.start, 1)
+    cover: list[dict[str, int]] = [{} for _ in range(width)]
+    ends: dict[int, Bar] = {}
+    for bar in bars:
+        a = (bar.span.start - lay.start) * width / span
+        b = (bar.end - lay.start) * width / span
+        for cell in range(max(0, int(a)), min(width, int(b) + 1)):
+            overlap = min(b, cell + 1) - max(a, cell)
+            if overlap > 0:
+                cover[cell][bar.key] = cover[cell].get(bar.key, 0) + int(overlap * 1e6)
+        if bar.open:
+            ends[min(width - 1, max(0, math.ceil(b) - 1))] = bar
+    cells: list[tuple[str, str]] = []  # (glyph, style) per cell
+    for cell, keys in enumerate(cover):
+        if cell in ends:
+            cells.append((">", f"bold {legend[ends[cell].key].color}"))
+        elif keys:
+            item = legend[max(keys, key=keys.__getitem__)]
+            cells.append((item.glyph.upper() if item.slowest == label else item.glyph, item.color))
+        else:
+            cells.append((" ", ""))
+    text = Text()
+    run_start = 0
+    for cell in range(1, width + 1):  # one styled segment per run of equal cells
+        if cell == width or cells[cell] != cells[run_start]:
+            glyph, style = cells[run_start]
+            text.append(glyph * (cell - run_start), style=style)
+            run_start = cell
+    return text
+
+
+def _axis(lay: Layout, width: int) -> Text:
+    cells = [" "] * width
+    step = max(1, width // 6)
+    for cell in range(0, width, step):
+        mark = f"|{duration(lay.seconds * cell / width).replace(' ', '')}" if cell else "|0s"
+        if cell + len(mark) <= width:
+            cells[cell:cell + len(mark)] = mark
+    return Text("".join(cells), style="dim")
+
+
+def _tail(lane: Lane) -> str:
+    root = lane.root
+    total = duration(root.seconds) if root else ""
+    where = lane.where
+    if lane.state == "running" and where is not None:
+        return f"{total} open in {where.key}"
+    if lane.state in ("failed", "incomplete") and where is not None:
+        return f"{total} {lane.state} in {where.key}"
+    return f"{total} {lane.state}"
+
+
+def render_timeline(lay: Layout, width: int = 100, depth: int = 1) -> list[Text]:
+    """Rows for every lane (one per depth level shown), then the legend."""
+    depths = range(1 if depth > 0 else 0, depth + 1)
+    legend = legends(lay, depths)
+    chart_w = max(20, width - LABEL_W - TAIL_W - 3)
+    lines = [Text(f"{'':<{LABEL_W}} ") + _axis(lay, chart_w) + Text(f"  total {duration(lay.seconds)}")]
+    for lane in lay.lanes:
+        for n, level in enumerate(depths):
+            label = lane.label if n == 0 else ""
+            row = Text(f"{label[:LABEL_W]:<{LABEL_W}} ", style="bold" if n == 0 else "")
+            row += _row(_bars(lane, level), lay, chart_w, legend, lane.label)
+            if n == 0:
+                row += Text(f"  {_tail(lane)}", style="red" if lane.state != "ready" else "")
+            lines.append(row)
+    lines.append(Text(""))
+    lines.append(Text("legend (capitals: the slowest rank of that phase; '>': still open)", style="dim"))
+    for item in legend.values():
+        line = Text(f"  {item.glyph}  ", style=f"bold {item.color}")
+        line += Text(f"{item.key:<40} {item.spread:>16}")
+        if item.slowest:
+            line += Text(f"  slowest {item.slowest}")
+        if item.open_in:
+            line += Text(f"  open in {', '.join(item.open_in[:4])}{' …' if len(item.open_in) > 4 else ''}",
+                         style="red")
+        lines.append(line)
+    return lines
