@@ -95,14 +95,27 @@ class JournalTail:
         except FileNotFoundError:
             return []
         end = len(data) if final else data.rfind(b"\n") + 1
-        records = []
-        for raw in data[:end].splitlines():
-            self.lines += 1
-            record = parse_line(raw, self.path, self.lines, self.problems, self.unknown_kinds)
-            if record is not None:
-                records.append(record)
+        lines = data[:end].splitlines()
         self.offset += end
-        return records
+        first = self.lines + 1
+        self.lines += len(lines)
+        records = _parse_all(lines)  # fast path: one parse for the whole chunk
+        if records is not None:
+            return records
+        parsed = (parse_line(raw, self.path, n, self.problems, self.unknown_kinds) for n, raw in enumerate(lines, first))
+        return [r for r in parsed if r is not None]  # slow path: line by line, naming each bad one
+
+
+def _parse_all(lines: list[bytes]) -> list[dict] | None:
+    """Every line a well-formed record of a known kind: all records; else None (go line by line)."""
+    try:
+        records = _loads(b"[" + b",".join(line for line in lines if line.strip()) + b"]")
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    for r in records:
+        if type(r) is not dict or r.get("kind") not in KINDS or type(r.get("t")) is not int:
+            return None
+    return records
 
 
 def read_journal(path: Path) -> tuple[list[dict], list[str]]:

@@ -22,9 +22,10 @@ from typing import Any
 from .journal import JournalTail
 
 JOURNAL_DIR, STATUS_DIR, STACKS_DIR = "journal", "status", "stacks"
+_PROGRESS_KINDS = frozenset({"begin", "end", "event", "collective"})
 
 
-@dataclass
+@dataclass(slots=True)
 class SpanRec:
     span_id: str
     parent_id: str | None
@@ -73,9 +74,10 @@ class ProcessRec:
 
     def apply(self, r: dict[str, Any]) -> None:
         kind, t = r["kind"], r["t"]
-        self.last_t = max(self.last_t, t)
-        if kind in ("begin", "end", "event", "collective"):
-            self.last_progress_t = max(self.last_progress_t, t)
+        if t > self.last_t:
+            self.last_t = t
+        if t > self.last_progress_t and kind in _PROGRESS_KINDS:
+            self.last_progress_t = t
         if kind == "collective":
             self._collective(r, t)
         elif kind == "begin":

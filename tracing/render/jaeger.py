@@ -22,7 +22,14 @@ def tag(key: str, value: Any) -> dict[str, Any]:
     kind = _TYPES.get(type(value))
     if kind is None:  # lists and the like: their JSON text
         return {"key": key, "type": "string", "value": json.dumps(value, default=str)}
-    return {"key": key, "type": kind, "value": value}
+    cache_key = (key, kind, value)
+    hit = _tags.get(cache_key)
+    if hit is None:  # phase names, ranks, flags repeat across ranks: one dict each, shared
+        hit = _tags[cache_key] = {"key": key, "type": kind, "value": value}
+    return hit
+
+
+_tags: dict[tuple, dict[str, Any]] = {}
 
 
 def _process(lane: Lane) -> dict[str, Any]:

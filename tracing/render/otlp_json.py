@@ -31,7 +31,21 @@ def any_value(value: Any) -> dict[str, Any]:
 
 
 def attributes(attrs: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"key": str(k), "value": any_value(v)} for k, v in attrs.items() if v is not None]
+    return [_attribute(k, v) for k, v in attrs.items() if v is not None]
+
+
+def _attribute(key: Any, value: Any) -> dict[str, Any]:
+    """Scalar attributes repeat across ranks (phase names, flags): built once, shared."""
+    if type(value) not in (str, int, float, bool):
+        return {"key": str(key), "value": any_value(value)}
+    cache_key = (key, type(value), value)
+    hit = _attrs.get(cache_key)
+    if hit is None:
+        hit = _attrs[cache_key] = {"key": str(key), "value": any_value(value)}
+    return hit
+
+
+_attrs: dict[tuple, dict[str, Any]] = {}
 
 
 def status(bar: Bar) -> dict[str, Any]:
