@@ -22,7 +22,8 @@ def _graphs(call: Call) -> dict[str, Any]:
 def _graphs_done(call: Call, result: Any) -> dict[str, Any]:
     times = read(call.instance, "graph_time_usage")
     mem = read(call.instance, "graph_memory_usage")
-    attrs = {"sglang.decode_graph_runner": class_name(read(call.instance, "decode_cuda_graph_runner", "cuda_graph_runner"))}
+    runner = read(call.instance, "decode_cuda_graph_runner", "cuda_graph_runner")
+    attrs = {"sglang.decode_graph_runner": class_name(runner)}
     for prefix, values in (("sglang.graph_time_s", times), ("sglang.graph_mem_gb", mem)):
         if isinstance(values, dict):
             attrs.update({f"{prefix}.{k}": v for k, v in values.items() if isinstance(v, (int, float))})

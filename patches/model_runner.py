@@ -22,8 +22,8 @@ ITERATORS = (  # every weights iterator SGLang may pick (by load format and flag
 
 def _runner(call: Call) -> dict[str, Any]:
     a = call.arguments
-    return {"sglang.is_draft": bool(a.get("is_draft_worker", False)), "sglang.draft_model_idx": a.get("draft_model_idx"),
-            "sglang.gpu_id": a.get("gpu_id")}
+    return {"sglang.is_draft": bool(a.get("is_draft_worker", False)),
+            "sglang.draft_model_idx": a.get("draft_model_idx"), "sglang.gpu_id": a.get("gpu_id")}
 
 
 def _on_runner(call: Call) -> dict[str, Any]:

@@ -79,7 +79,8 @@ def main() -> int:
     print("heartbeat cost, in-process:")
     print(f"  {per_beat:8.0f} µs CPU per beat  -> {per_beat / 5.0 / 1e4:.4f} % of one core at the 5 s default")
     print("\nstall -> diagnosis (real SGLang gloo init, 2 ranks, rank 1 blocked):")
-    print(f"  {'heartbeat s':>11} {'stall s':>8} {'latency s':>10} {'beyond threshold s':>19} {'stalled rank CPU %':>19}")
+    print(f"  {'heartbeat s':>11} {'stall s':>8} {'latency s':>10} {'beyond threshold s':>19}"
+          f" {'stalled rank CPU %':>19}")
     for hb, stall in ((1.0, 5.0), (5.0, 30.0)):
         total, beyond, cpu = latency(model, hb, stall)
         print(f"  {hb:11.1f} {stall:8.1f} {total:10.1f} {beyond:19.1f} {cpu:19.3f}")

@@ -71,7 +71,7 @@ def make_target(out: Path) -> None:
 
 
 def make_draft(out: Path) -> None:
-    """EAGLE draft layout: names without the ``model.`` prefix, one layer, ``fc`` over 2×hidden."""
+    """EAGLE draft layout: names without the ``model.`` prefix, one layer, ``fc`` over 2 x hidden."""
     import torch
     from safetensors.torch import save_file
     from transformers import LlamaConfig, LlamaForCausalLM

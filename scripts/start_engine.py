@@ -27,7 +27,8 @@ def main() -> int:
     args = parser.parse_args()
     for key, value in CPU_ENV.items():
         os.environ.setdefault(key, value)
-    os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "|".join(str(i % (os.cpu_count() or 1)) for i in range(args.tp)))
+    cores = os.cpu_count() or 1
+    os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "|".join(str(i % cores) for i in range(args.tp)))
 
     import sglang
 

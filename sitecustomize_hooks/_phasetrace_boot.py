@@ -30,7 +30,7 @@ def enabled() -> bool:
 class _FirstSglangImport:
     """Meta-path finder that fires once, on the first ``sglang`` import, and never finds anything."""
 
-    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001, ANN201
+    def find_spec(self, fullname, path=None, target=None):
         if fullname == "sglang" or fullname.startswith("sglang."):
             _remove_finder()
             try:
@@ -51,7 +51,7 @@ def _remove_finder() -> None:
 def _package() -> types.ModuleType:
     """Import ``sglang_phasetrace``; from a source checkout, map it onto the repository root."""
     try:
-        import sglang_phasetrace.tracing.bootstrap  # noqa: F401  (installed)
+        import sglang_phasetrace.tracing.bootstrap
     except ModuleNotFoundError as exc:
         if exc.name not in ("sglang_phasetrace", "sglang_phasetrace.tracing"):
             raise

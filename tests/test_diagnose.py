@@ -41,7 +41,8 @@ class Rank:
             self.records.append({"kind": "end", "t": NOW - int(end_ago * S), "span": span, "status": "ok", "attrs": {}})
         return self
 
-    def collective(self, op: str, seq: int, ago: float, group: str | None = None, left_ago: float | None = None) -> Rank:
+    def collective(self, op: str, seq: int, ago: float, group: str | None = None,
+                   left_ago: float | None = None) -> Rank:
         group = group or f"tp:0[{self.members}]"
         self.records.append({"kind": "collective", "t": NOW - int(ago * S), "edge": "enter", "op": op,
                              "group": group, "seq": seq})

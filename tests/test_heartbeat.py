@@ -8,7 +8,6 @@ import types
 from pathlib import Path
 
 import pytest
-
 from sglang_phasetrace.tracing import collectives, gpu, heartbeat, spans
 from sglang_phasetrace.tracing.rundir import load_run
 

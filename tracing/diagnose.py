@@ -45,7 +45,8 @@ class Thresholds:
                 return default
 
         hb = num("HEARTBEAT", cls.heartbeat_s)
-        return cls(hb, num("SILENT", max(3 * hb, 2.0)), num("STALL", cls.stall_s), num("NO_PROGRESS", cls.no_progress_s))
+        return cls(hb, num("SILENT", max(3 * hb, 2.0)), num("STALL", cls.stall_s),
+                   num("NO_PROGRESS", cls.no_progress_s))
 
 
 @dataclass

@@ -102,7 +102,8 @@ class JournalTail:
         records = _parse_all(lines)  # fast path: one parse for the whole chunk
         if records is not None:
             return records
-        parsed = (parse_line(raw, self.path, n, self.problems, self.unknown_kinds) for n, raw in enumerate(lines, first))
+        parsed = (parse_line(raw, self.path, n, self.problems, self.unknown_kinds)
+                  for n, raw in enumerate(lines, first))
         return [r for r in parsed if r is not None]  # slow path: line by line, naming each bad one
 
 

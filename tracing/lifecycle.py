@@ -41,8 +41,9 @@ def shutdown(rt: runtime.Runtime, reason: str, timeout_s: float = 2.0) -> None:
 def _make_handler(previous: Any) -> Any:
     def handler(signum: int, frame: Any) -> Any:
         # On a helper thread, bounded: the interrupted main thread may hold a lock we would need.
-        worker = threading.Thread(target=shutdown, name="phasetrace-signal", daemon=True,
-                                  args=(runtime.current(), f"incomplete: process received {signal.Signals(signum).name}"))
+        reason = f"incomplete: process received {signal.Signals(signum).name}"
+        worker = threading.Thread(target=shutdown, args=(runtime.current(), reason), name="phasetrace-signal",
+                                  daemon=True)
         worker.start()
         worker.join(3.0)
         if callable(previous):

@@ -24,12 +24,11 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import StatusCode
 
 from . import exporters, keys
-from .identity import Identity
+from .identity import IDENTITY_KEYS, Identity
 from .journal import SCHEMA_VERSION, JournalWriter
 from .redact import redact
 
 log = logging.getLogger("sglang_phasetrace")
-IDENTITY_KEYS = frozenset(Identity(pid=0, host="", ranks={k: 0 for k in ("tp", "pp", "dp", "ep", "world", "world_size", "gpu")}).attributes())
 
 
 def hexid(value: int | None, width: int = 16) -> str | None:

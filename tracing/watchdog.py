@@ -85,7 +85,8 @@ class Watchdog:
             if stacks.request(proc.pid, path, f"{finding.kind}: {finding.message}"):
                 paths.append(str(path))
             if i == 0 and self.py_spy:  # native frames of the rank it names
-                spy = stacks.py_spy(proc.pid, self.run.path / STACKS_DIR / f"{proc.path.stem}-py-spy-{int(time.time())}.txt")
+                out = self.run.path / STACKS_DIR / f"{proc.path.stem}-py-spy-{int(time.time())}.txt"
+                spy = stacks.py_spy(proc.pid, out)
                 if spy is not None:
                     paths.append(str(spy))
         return paths

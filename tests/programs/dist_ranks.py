@@ -46,11 +46,11 @@ def _plant(kind: str, model: str) -> None:
                 time.sleep(0.4)
 
     @wrapt.when_imported("sglang.srt.distributed.parallel_state")
-    def _wrap(module) -> None:  # noqa: ANN001
+    def _wrap(module) -> None:
         original = module.initialize_model_parallel
 
         @functools.wraps(original)
-        def planted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        def planted(*args, **kwargs):
             block()
             return original(*args, **kwargs)
 

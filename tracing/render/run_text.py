@@ -32,7 +32,8 @@ def status_line(lay: Layout, verdicts: dict[int, Finding]) -> str:
         parts = [f"{n} {what}" for what, n in counts.most_common(4)]
         if len(counts) > 4:
             parts.append("…")
-    line = f"{len(ranks)} ranks: " + " · ".join(parts)
+    singular, plural = ("rank", "ranks") if ranks[0].proc.role == "rank" else ("process", "processes")
+    line = f"{len(ranks)} {singular if len(ranks) == 1 else plural}: " + " · ".join(parts)
     return line + (f" · STALLED: {', '.join(stalled[:4])}" if stalled else "")
 
 

@@ -30,7 +30,7 @@ class _StandInLoader(importlib.abc.Loader):
 
 
 class _ShimFinder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path, target=None):  # noqa: ANN001, ANN201
+    def find_spec(self, fullname, path, target=None):
         if fullname.startswith("sgl_kernel."):
             return importlib.machinery.ModuleSpec(fullname, _StandInLoader(), is_package=True)
         if fullname == "torchvision":

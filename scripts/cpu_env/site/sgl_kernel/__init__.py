@@ -17,8 +17,8 @@ __version__ = "0.0.0+cpu-stand-in"
 
 def copy_all_layer_kv_cache_cpu(data_ptrs: Any, strides: Any, tgt_loc: Any, src_loc: Any) -> None:
     """Reference implementation: in every layer buffer, copy row ``src`` onto row ``tgt``."""
-    for ptr, stride in zip(data_ptrs.tolist(), strides.tolist()):
-        for tgt, src in zip(tgt_loc.tolist(), src_loc.tolist()):
+    for ptr, stride in zip(data_ptrs.tolist(), strides.tolist(), strict=True):
+        for tgt, src in zip(tgt_loc.tolist(), src_loc.tolist(), strict=True):
             ctypes.memmove(ptr + tgt * stride, ptr + src * stride, stride)
 
 
