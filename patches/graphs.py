@@ -41,6 +41,8 @@ def _capture(call: Call) -> dict[str, Any]:
 def _shape(call: Call) -> dict[str, Any]:
     size = call.arg("size", call.arg("bs", call.arg("num_tokens")))
     shapes = list(read(call.instance, "capture_bs") or [])
+    if size in shapes:  # heartbeats show "shapes captured k/N"
+        call.state["progress"] = {"done": shapes.index(size), "total": len(shapes), "unit": "shapes"}
     return {"sglang.runner_class": class_name(call.instance), "sglang.batch_size": size,
             "sglang.shape_index": shapes.index(size) + 1 if size in shapes else None,
             "sglang.capture_shapes": len(shapes) or None, "sglang.variant": call.arg("variant_label")}

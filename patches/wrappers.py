@@ -129,6 +129,8 @@ def _enter(phase: Phase, target: str, sig: inspect.Signature | None, is_method: 
         handle = _start(rt, phase, attrs)
         if handle is None:
             return None
+        if call.state.get("progress"):  # an enter hook may say how far the enclosing work is
+            handle.progress(**call.state["progress"])
         _active_keys().add(guard)
         return _Active(rt, phase, call, handle, guard)
     except Exception as exc:

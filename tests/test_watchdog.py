@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, hook_env, requires_sglang
+from otlp_receiver import OtlpReceiver
 from sglang_phasetrace.tracing.cli import main as cli_main
 from sglang_phasetrace.tracing.cli.command import EXIT_STALLED
 from sglang_phasetrace.tracing.diagnose import Thresholds
@@ -152,21 +153,29 @@ def test_slow_phase_that_keeps_making_progress_is_not_reported(tmp_path: Path, t
 
 
 def test_eagle_rank_blocked_in_get_embed_and_head_named_by_launcher_watchdog(tmp_path: Path, tiny_model) -> None:
-    """Real sglang.Engine tp=2 with an EAGLE draft; the in-launcher watchdog does the naming."""
+    """Real sglang.Engine tp=2 with an EAGLE draft; the in-launcher watchdog does the naming, and
+    exports the in-flight phases so the stalled one shows in Jaeger (here: an OTLP receiver)."""
     target, draft = tiny_model
     run_dir = tmp_path / "run"
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "sitecustomize_hooks"), str(ROOT / "tests" / "plants")]),
-           "PLANT_STALL_TP_RANK": "1", "SGLANG_PHASETRACE_STALL_S": "5"}
     args = [str(ROOT / "scripts" / "start_engine.py"), str(target), "--tp", "2", "--draft", str(draft)]
-    with Launched(args, run_dir, env) as launched:
-        deadline = time.monotonic() + 240
-        diagnosis = None
-        while diagnosis is None and time.monotonic() < deadline and launched.proc.poll() is None:
-            time.sleep(1)
-            if (run_dir / "journal").is_dir():
-                launcher = next((p for p in load_run(run_dir).processes if p.role == "launcher"), None)
-                diagnosis = launcher.diagnoses[0] if launcher and launcher.diagnoses else None
-        _, err = launched.kill()
+    with OtlpReceiver("grpc") as receiver:
+        env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "sitecustomize_hooks"), str(ROOT / "tests" / "plants")]),
+               "PLANT_STALL_TP_RANK": "1", "SGLANG_PHASETRACE_STALL_S": "5",
+               "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+        with Launched(args, run_dir, env) as launched:
+            deadline = time.monotonic() + 240
+            diagnosis = None
+            while diagnosis is None and time.monotonic() < deadline and launched.proc.poll() is None:
+                time.sleep(1)
+                if (run_dir / "journal").is_dir():
+                    launcher = next((p for p in load_run(run_dir).processes if p.role == "launcher"), None)
+                    diagnosis = launcher.diagnoses[0] if launcher and launcher.diagnoses else None
+            snapshots: list = []
+            until = time.monotonic() + 20  # the export follows the diagnosis record
+            while diagnosis is not None and not snapshots and time.monotonic() < until:
+                time.sleep(0.5)
+                snapshots = [s for s in receiver.spans if s.attrs.get("phasetrace.snapshot")]
+            _, err = launched.kill()
     assert diagnosis is not None, err[-4000:]
     assert diagnosis["finding"] == "straggler" and diagnosis["label"] == "tp1"
     assert diagnosis["phase"] == "eagle.get_embed_and_head"
@@ -176,3 +185,6 @@ def test_eagle_rank_blocked_in_get_embed_and_head_named_by_launcher_watchdog(tmp
     assert "in get_embed_and_head" in stack and "plants/sitecustomize.py" in stack  # the planted frame
     tp0 = next(p for p in load_run(run_dir).ranks if p.label == "tp0")
     assert tp0.current.phase == "eagle.get_embed_and_head"  # rank 0's state: waiting inside the phase
+    stalled = [s for s in snapshots if s.name == "eagle.get_embed_and_head" and s.attrs.get("sglang.tp_rank") == 1]
+    assert stalled and stalled[0].status == 2 and stalled[0].attrs["phasetrace.incomplete"] is True
+    assert stalled[0].resource.get("sglang.tp_rank") == 1  # shown as rank 1's span, in rank 1's trace
