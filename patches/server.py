@@ -56,6 +56,7 @@ PHASES = (
     Phase("launch.subprocesses", (f"{ENGINE}:Engine._launch_subprocesses", f"{ENGINE}:_launch_subprocesses",
                                   "sglang.srt.server:launch_engine")),
     Phase("launch.wait_ranks", (f"{ENGINE}:_wait_for_scheduler_ready",)),
+    Phase("launch.dp_controller", ("sglang.srt.managers.data_parallel_controller:DataParallelController.__init__",)),
     Phase("server.wait_ready", (f"{HTTP}:_wait_and_warmup", "sglang.srt.server:_wait_and_warmup"), kind="ready",
           enter=_watch_ready, exit=_ready_seen),
 )

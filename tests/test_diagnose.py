@@ -6,11 +6,16 @@ made up); everything else is what ``analyze`` reads from a real run.
 
 from __future__ import annotations
 
+import io
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
-from sglang_phasetrace.tracing.diagnose import Thresholds, analyze
+from sglang_phasetrace.tracing.diagnose import Thresholds, _host, analyze
 from sglang_phasetrace.tracing.rundir import RunView
+from sglang_phasetrace.tracing.watchdog import ENV_ABORT_AFTER, Watchdog
 
 S = 1_000_000_000
 NOW = 1_900_000_000 * S
@@ -136,3 +141,27 @@ def test_ready_ranks_are_never_reported(tmp_path: Path) -> None:
     r0 = Rank(tmp_path, 0).phase("graph.capture", 300, 290)
     r0.records.append({"kind": "end", "t": NOW - 280 * S, "span": "0000000000000001", "status": "ok", "attrs": {}})
     assert findings(tmp_path, r0) == []
+
+
+def _launcher(run: Path, pid: int) -> None:
+    (run / "journal" / f"{_host()}-{pid}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"kind": "process", "t": NOW - 300 * S, "pid": pid, "host": _host(), "resource": {}},
+        {"kind": "identity", "t": NOW - 300 * S, "label": "launcher", "role": "launcher", "attrs": {}}]))
+
+
+def test_the_watchdog_kills_nothing_unless_abort_after_is_asked(tmp_path: Path, monkeypatch) -> None:
+    r0 = Rank(tmp_path, 0).phase("graph.capture", 200)
+    r1 = Rank(tmp_path, 1).phase("attention.init", 200)
+    findings(tmp_path, r0, r1)
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        _launcher(tmp_path, launcher.pid)
+        out = io.StringIO()
+        assert Watchdog(tmp_path, TH, out=out, py_spy=False).step(NOW)  # reported, not acted on
+        assert launcher.poll() is None and "STALL no progress on any rank" in out.getvalue()
+        monkeypatch.setenv(ENV_ABORT_AFTER, "0")
+        Watchdog(tmp_path, TH, out=out, py_spy=False).step(NOW)
+        assert launcher.wait(10) == -signal.SIGTERM
+        assert f"sending SIGTERM to the launcher (pid {launcher.pid})" in out.getvalue()
+    finally:
+        launcher.kill()
