@@ -628,3 +628,24 @@ def test_model_classes_found_at_run_time_are_patched_once_along_their_hierarchy(
     assert [s.attrs["phasetrace.target"] for s in spans(run_dir, name)] == [
         f"{mod.__name__}:Target.get_embed_and_head", f"{mod.__name__}:Other.get_embed_and_head"]
     assert warnings == []
+
+
+# -- after the process is ready ------------------------------------------------------------------
+def test_runs_after_ready_are_labelled_or_skipped_and_init_only_patches_come_off(run_dir, make_module):
+    """A re-capture after ready gets a labelled span; ``after_ready="skip"`` phases go quiet; the
+    init-only (hot-path) patches are removed at ready, as bootstrap does."""
+    mod = make_module("def recapture(): return 1\ndef probe(): return 2\ndef hot(): return 3\n")
+    engine = PatchEngine([Phase("t.recapture", (f"{mod.__name__}:recapture",)),
+                          Phase("t.probe", (f"{mod.__name__}:probe",), after_ready="skip"),
+                          Phase("t.hot", (f"{mod.__name__}:hot",), init_only=True)])
+    engine.apply_module(mod.__name__)
+    original_hot = mod.hot.__wrapped__
+    assert (mod.recapture(), mod.probe(), mod.hot()) == (1, 2, 3)
+    rt = runtime.current()
+    rt.on_ready.append(lambda: engine.unapply(lambda phase: phase.init_only))
+    rt.mark_ready()
+    assert (mod.recapture(), mod.probe(), mod.hot()) == (1, 2, 3)
+    assert mod.hot is original_hot
+    before, after = spans(run_dir, "t.recapture")
+    assert "phasetrace.after_ready" not in before.attrs and after.attrs["phasetrace.after_ready"] is True
+    assert len(spans(run_dir, "t.probe")) == 1 and len(spans(run_dir, "t.hot")) == 1
