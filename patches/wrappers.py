@@ -189,6 +189,7 @@ class _Active:
                     self.rt.set_identity(**ranks)
             owns_root = self.rt.root is self.handle.span
             if self.phase.kind == "launch" and owns_root and exc is None and not self.phase.ends_root:
+                self.handle.detach()
                 return  # launch_server: the root ends at ready (or as incomplete at exit)
             self.handle.end(exc)
             if exc is not None and owns_root:  # the rank failed: its process is about to be torn down

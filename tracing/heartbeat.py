@@ -43,7 +43,7 @@ class Heartbeat:
         self.status_path = Path(rt.run_dir) / STATUS_DIR / f"{rt.journal.path.stem}.json"
         self.status_path.parent.mkdir(parents=True, exist_ok=True)
         self.stop = threading.Event()
-        self.lock = threading.Lock()  # beat() runs on the thread and on demand (beat_now)
+        self.lock = threading.Lock()  # beat() runs on the thread and at ready (on_ready)
         self.failed = False
 
     def _cpu(self) -> float:
@@ -116,13 +116,5 @@ def start(rt: runtime.Runtime) -> Heartbeat | None:
         log.warning("sglang-phasetrace: heartbeat not started: %r", exc)
         return None
     threading.Thread(target=_current.run, name="phasetrace-heartbeat", daemon=True).start()
+    rt.on_ready.append(_current.beat)  # the status file says "ready" at once, not a beat later
     return _current
-
-
-def beat_now() -> None:
-    """An immediate beat (at ready, and before a stack dump) so readers see the latest state."""
-    if _current is not None:
-        try:
-            _current.beat()
-        except Exception:
-            log.debug("sglang-phasetrace: heartbeat failed", exc_info=True)

@@ -27,6 +27,7 @@ from . import exporters, keys
 from .identity import IDENTITY_KEYS, Identity
 from .journal import SCHEMA_VERSION, JournalWriter
 from .redact import redact
+from .rundir import JOURNAL_DIR
 
 log = logging.getLogger("sglang_phasetrace")
 
@@ -171,7 +172,7 @@ class Runtime:
                 run_dir = os.environ[keys.ENV_RUN_DIR] = str(new_run_dir())  # children inherit it
             self.run_dir = Path(run_dir)
             ident = self.identity
-            self.journal = JournalWriter(self.run_dir / "journal" / f"{ident.host}-{ident.pid}.jsonl")
+            self.journal = JournalWriter(self.run_dir / JOURNAL_DIR / f"{ident.host}-{ident.pid}.jsonl")
             resource = self.resource()
             self.journal.write({
                 "v": SCHEMA_VERSION, "kind": "process", "t": time.time_ns(), "pid": ident.pid,

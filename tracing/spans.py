@@ -93,7 +93,7 @@ class PhaseSpan:
     def end(self, exc: BaseException | None = None, incomplete: str | None = None,
             end_ns: int | None = None) -> None:
         try:
-            self._detach()
+            self.detach()
             if not self.span.is_recording():  # already ended (e.g. by a signal handler)
                 return
             if incomplete:
@@ -106,7 +106,8 @@ class PhaseSpan:
         except Exception:
             log.debug("sglang-phasetrace: end failed", exc_info=True)
 
-    def _detach(self) -> None:
+    def detach(self) -> None:
+        """Stop being the current span of the context it was started in (it may go on running)."""
         token, self._token = self._token, None
         if token is not None:
             try:
