@@ -32,6 +32,9 @@ from .rundir import JOURNAL_DIR
 log = logging.getLogger("sglang_phasetrace")
 
 
+_UNSET = object()
+
+
 def hexid(value: int | None, width: int = 16) -> str | None:
     return None if value is None else format(value, f"0{width}x")
 
@@ -106,14 +109,16 @@ class JournalProcessor(SpanProcessor):
     def __init__(self, writer: JournalWriter, open_phases: OpenPhases) -> None:
         self.writer = writer
         self.open = open_phases
+        self.begun: dict[int, dict[str, Any]] = {}  # span id -> attributes its begin record holds
 
     def on_start(self, span: Span, parent_context: Any = None) -> None:
         ctx = span.get_span_context()
+        attrs = {k: v for k, v in (span.attributes or {}).items() if k not in IDENTITY_KEYS}
+        self.begun[ctx.span_id] = attrs
         self.writer.write({
             "kind": "begin", "t": span.start_time, "span": hexid(ctx.span_id),
             "parent": hexid(span.parent.span_id) if span.parent else None,
-            "trace": hexid(ctx.trace_id, 32), "name": span.name,
-            "attrs": {k: v for k, v in (span.attributes or {}).items() if k not in IDENTITY_KEYS},
+            "trace": hexid(ctx.trace_id, 32), "name": span.name, "attrs": attrs,
             "thread": threading.current_thread().name,
         })
         self.open.add(span)
@@ -139,7 +144,8 @@ class JournalProcessor(SpanProcessor):
         else:
             if record["status"] != "ok" and span.status.description:
                 record["error"] = {"type": None, "message": span.status.description}
-        record["attrs"] = {k: v for k, v in attrs.items() if k not in IDENTITY_KEYS}
+        begun = self.begun.pop(span.get_span_context().span_id, {})
+        record["attrs"] = {k: v for k, v in attrs.items() if k not in IDENTITY_KEYS and begun.get(k, _UNSET) != v}
         self.writer.write(record)
 
 
