@@ -6,12 +6,14 @@ runtime itself (run directory, journal, provider) starts later, at the process's
 
 from __future__ import annotations
 
-import logging
 import os
+from typing import TYPE_CHECKING
 
 from . import keys, runtime
 
-log = logging.getLogger("sglang_phasetrace")
+if TYPE_CHECKING:
+    from ..patches import PatchEngine
+
 _active = False
 
 
@@ -32,12 +34,11 @@ def activate(boot_ns: int | None = None) -> None:
         patches.PHASES = tuple(p for p in patches.PHASES if p.name not in skip)
     engine = patches.install(warn=rt.warn)
     rt.on_ready.append(lambda: engine.unapply(lambda phase: phase.init_only))
-    rt.on_ready.append(lambda: _report_missing(engine))
+    rt.on_ready.append(lambda: _report_missing(rt, engine))
 
 
-def _report_missing(engine) -> None:
+def _report_missing(rt: runtime.Runtime, engine: PatchEngine) -> None:
     """At rank ready, name required phases that never resolved here (a renamed SGLang target)."""
-    rt = runtime.current()
     if rt.identity.role != "rank":
         return
     wrapped = engine.resolved()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -32,15 +33,13 @@ MAX_STACKS = 8
 class Watchdog:
     def __init__(self, run_dir: Path | str, thresholds: Thresholds | None = None, *,
                  out: TextIO | None = None, record: Callable[[dict], None] | None = None,
-                 on_finding: Callable[[Finding], None] | None = None, py_spy: bool = True) -> None:
+                 py_spy: bool = True) -> None:
         self.run = RunView(run_dir)
         self.thresholds = thresholds or Thresholds.from_env()
         self.out = out if out is not None else sys.stderr
         self.record = record
-        self.on_finding = on_finding
         self.py_spy = py_spy
-        self.reported: dict[tuple, Finding] = {}
-        self.first_seen: dict[tuple, float] = {}
+        self.first_seen: dict[tuple, float] = {}  # finding key -> when it was reported
         self.stop = threading.Event()
         self.failed = False
         self.abort_after = _float_env(ENV_ABORT_AFTER)
@@ -51,11 +50,10 @@ class Watchdog:
         self.run.refresh()
         now_ns = now_ns or time.time_ns()
         findings = analyze(self.run, now_ns, self.thresholds)
-        new = [f for f in findings if f.key not in self.reported]
+        new = [f for f in findings if f.key not in self.first_seen]
         for finding in new:
             self.first_seen[finding.key] = time.monotonic()
             self.act(finding)
-            self.reported[finding.key] = finding
         self._maybe_abort(findings)
         return new
 
@@ -73,13 +71,11 @@ class Watchdog:
         if self.record is not None:
             self.record(record)
         self._export(finding, involved)
-        if self.on_finding is not None:
-            self.on_finding(finding)
 
     def take_stacks(self, procs: list[ProcessRec], finding: Finding) -> list[str]:
         paths = []
         for i, proc in enumerate(procs):
-            if proc.host != os.uname().nodename:
+            if proc.host != socket.gethostname():  # signals reach this host's processes only
                 continue
             path = stacks.dump_path(self.run.path, proc.path.stem)
             if stacks.request(proc.pid, path, f"{finding.kind}: {finding.message}"):
