@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -31,11 +32,17 @@ def make_wrapper(phase: Phase, func: Callable, target: str, is_method: bool) -> 
         sig: inspect.Signature | None = inspect.signature(func)
     except (TypeError, ValueError):
         sig = None
+    # Collectives run inside model forwards that SGLang may torch.compile during init. Dynamo folds
+    # ``torch.compiler.is_compiling()`` to True while tracing, leaving the bare call (no graph
+    # break). Looked up on the module at call time: torch may still be importing now.
+    torch = sys.modules.get("torch")
     if phase.kind == "collective":
         op = target.rpartition(".")[2].rpartition(":")[2]
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if torch is not None and torch.compiler.is_compiling():
+                return func(*args, **kwargs)
             entry = _enter_collective(phase, op, sig, is_method, args, kwargs)
             if entry is None:
                 return func(*args, **kwargs)
@@ -61,6 +68,8 @@ def make_wrapper(phase: Phase, func: Callable, target: str, is_method: bool) -> 
     else:
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if torch is not None and torch.compiler.is_compiling():
+                return func(*args, **kwargs)
             active = _enter(phase, target, sig, is_method, args, kwargs)
             if active is None:
                 return func(*args, **kwargs)

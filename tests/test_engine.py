@@ -649,3 +649,19 @@ def test_runs_after_ready_are_labelled_or_skipped_and_init_only_patches_come_off
     before, after = spans(run_dir, "t.recapture")
     assert "phasetrace.after_ready" not in before.attrs and after.attrs["phasetrace.after_ready"] is True
     assert len(spans(run_dir, "t.probe")) == 1 and len(spans(run_dir, "t.hot")) == 1
+
+
+def test_collective_wrapper_stays_out_of_torch_compile_graphs(run_dir, make_module):
+    """SGLang may torch.compile model forwards during init (graph capture), and those call the
+    collectives we record: inside a compiled region our wrapper must be the bare call."""
+    torch = pytest.importorskip("torch")
+    from sglang_phasetrace.tracing import spans as span_api
+
+    mod = make_module("def all_reduce(x):\n    return x * 2\n")
+    PatchEngine([Phase("t.collective", (f"{mod.__name__}:all_reduce",), kind="collective")]).apply_module(mod.__name__)
+    span_api.start_phase("graph.capture")  # recording is on: the process is initialising
+    compiled = torch.compile(lambda x: mod.all_reduce(x) + 1, fullgraph=True, backend="eager")
+    assert compiled(torch.ones(2)).tolist() == [3.0, 3.0]  # fullgraph: any graph break would raise
+    assert mod.all_reduce(torch.ones(1)).tolist() == [2.0]  # eager calls are still recorded
+    [proc] = load_run(run_dir).processes
+    assert proc.coll_counts == {"?": 1}
