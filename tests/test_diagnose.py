@@ -13,9 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sglang_phasetrace.tracing.diagnose import Thresholds, _host, analyze
+from sglang_phasetrace.tracing.diagnose import Thresholds, analyze, this_host
+from sglang_phasetrace.tracing.keys import ENV_ABORT_AFTER
 from sglang_phasetrace.tracing.rundir import RunView
-from sglang_phasetrace.tracing.watchdog import ENV_ABORT_AFTER, Watchdog
+from sglang_phasetrace.tracing.watchdog import Watchdog
 
 S = 1_000_000_000
 NOW = 1_900_000_000 * S
@@ -144,8 +145,8 @@ def test_ready_ranks_are_never_reported(tmp_path: Path) -> None:
 
 
 def _launcher(run: Path, pid: int) -> None:
-    (run / "journal" / f"{_host()}-{pid}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
-        {"kind": "process", "t": NOW - 300 * S, "pid": pid, "host": _host(), "resource": {}},
+    (run / "journal" / f"{this_host()}-{pid}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"kind": "process", "t": NOW - 300 * S, "pid": pid, "host": this_host(), "resource": {}},
         {"kind": "identity", "t": NOW - 300 * S, "label": "launcher", "role": "launcher", "attrs": {}}]))
 
 

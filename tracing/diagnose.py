@@ -21,6 +21,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import keys
 from .rundir import ProcessRec, RunView
 
 NS = 1_000_000_000
@@ -40,7 +41,7 @@ class Thresholds:
         """``SGLANG_PHASETRACE_{HEARTBEAT,SILENT,STALL,NO_PROGRESS}_S``; silent defaults to 3 beats."""
         def num(name: str, default: float) -> float:
             try:
-                return float(os.environ.get(f"SGLANG_PHASETRACE_{name}_S", default))
+                return float(os.environ.get(keys.ENV_SECONDS.format(name), default))
             except ValueError:
                 return default
 
@@ -67,13 +68,13 @@ class Finding:
         return (self.kind, self.label, self.phase)
 
 
-def _host() -> str:
+def this_host() -> str:
     return socket.gethostname()
 
 
 def process_state(proc: ProcessRec) -> str:
     """``running``, ``sleeping``, ``disk-sleep``, ``stopped``, ``zombie``, ``exited`` or ``unknown``."""
-    if proc.host != _host():
+    if proc.host != this_host():
         return "unknown (other host)"
     try:
         import psutil

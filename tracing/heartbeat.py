@@ -18,18 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from . import collectives, gpu, runtime
+from .diagnose import Thresholds
 from .rundir import STATUS_DIR
 
 log = logging.getLogger("sglang_phasetrace")
-ENV_INTERVAL = "SGLANG_PHASETRACE_HEARTBEAT_S"
-DEFAULT_INTERVAL_S = 5.0
-
-
-def interval_s() -> float:
-    try:
-        return max(0.1, float(os.environ.get(ENV_INTERVAL, DEFAULT_INTERVAL_S)))
-    except ValueError:
-        return DEFAULT_INTERVAL_S
 
 
 class Heartbeat:
@@ -111,7 +103,7 @@ def start(rt: runtime.Runtime) -> Heartbeat | None:
     if _current is not None and _current.rt is rt:
         return _current
     try:
-        _current = Heartbeat(rt, interval_s())
+        _current = Heartbeat(rt, max(0.1, Thresholds.from_env().heartbeat_s))
     except Exception as exc:
         log.warning("sglang-phasetrace: heartbeat not started: %r", exc)
         return None

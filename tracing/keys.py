@@ -16,16 +16,16 @@ RUN_ID = "phasetrace.run_id"
 # Phase bookkeeping.
 PHASE = "sglang.phase"
 TARGET = "phasetrace.target"
-IS_DRAFT = "sglang.is_draft"
-RUNNER_CLASS = "sglang.runner_class"
 AFTER_READY = "phasetrace.after_ready"
 INCOMPLETE = "phasetrace.incomplete"
 
-# Environment.
-ENV_SWITCH = "SGLANG_PHASETRACE"
+# Environment (the on/off switch SGLANG_PHASETRACE is read by the stdlib-only boot module).
 ENV_BASE_DIR = "SGLANG_PHASETRACE_DIR"
 ENV_RUN_DIR = "SGLANG_PHASETRACE_RUN_DIR"
-ENV_LOG = "SGLANG_PHASETRACE_LOG"
 ENV_DISABLE_PATCHES = "SGLANG_PHASETRACE_SKIP"  # comma list of phase names not to patch
+ENV_SECONDS = "SGLANG_PHASETRACE_{}_S"  # HEARTBEAT, SILENT, STALL, NO_PROGRESS
+ENV_STACK_SIGNAL = "SGLANG_PHASETRACE_STACK_SIGNAL"
+ENV_WATCHDOG = "SGLANG_PHASETRACE_WATCHDOG"  # "0": no watchdog thread in the launcher
+ENV_ABORT_AFTER = "SGLANG_PHASETRACE_ABORT_AFTER_S"  # opt-in: SIGTERM the launcher after a stall this long
 ENV_TRACEPARENT = "TRACEPARENT"
 DEFAULT_BASE_DIR = "phasetrace-runs"

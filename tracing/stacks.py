@@ -19,16 +19,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import keys
 from .rundir import STACKS_DIR
 
 log = logging.getLogger("sglang_phasetrace")
-ENV_SIGNAL = "SGLANG_PHASETRACE_STACK_SIGNAL"
 _files: dict[int, Any] = {}  # pid -> open dump file (kept alive for faulthandler)
 _pyspy_problem: list[str] = []
 
 
 def stack_signal() -> signal.Signals:
-    name = os.environ.get(ENV_SIGNAL, "SIGUSR2").upper()
+    name = os.environ.get(keys.ENV_STACK_SIGNAL, "SIGUSR2").upper()
     return signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
 
 

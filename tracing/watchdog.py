@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -20,13 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import runtime, stacks
-from .diagnose import Finding, Thresholds, analyze
+from . import keys, runtime, stacks
+from .diagnose import Finding, Thresholds, analyze, this_host
 from .rundir import STACKS_DIR, ProcessRec, RunView
 
 log = logging.getLogger("sglang_phasetrace")
-ENV_ABORT_AFTER = "SGLANG_PHASETRACE_ABORT_AFTER_S"
-ENV_WATCHDOG = "SGLANG_PHASETRACE_WATCHDOG"  # "0" turns the in-launcher watchdog off
 MAX_STACKS = 8
 
 
@@ -42,7 +39,7 @@ class Watchdog:
         self.first_seen: dict[tuple, float] = {}  # finding key -> when it was reported
         self.stop = threading.Event()
         self.failed = False
-        self.abort_after = _float_env(ENV_ABORT_AFTER)
+        self.abort_after = _float_env(keys.ENV_ABORT_AFTER)
         self._exporter: Any = None
 
     def step(self, now_ns: int | None = None) -> list[Finding]:
@@ -75,7 +72,7 @@ class Watchdog:
     def take_stacks(self, procs: list[ProcessRec], finding: Finding) -> list[str]:
         paths = []
         for i, proc in enumerate(procs):
-            if proc.host != socket.gethostname():  # signals reach this host's processes only
+            if proc.host != this_host():  # signals reach this host's processes only
                 continue
             path = stacks.dump_path(self.run.path, proc.path.stem)
             if stacks.request(proc.pid, path, f"{finding.kind}: {finding.message}"):
@@ -114,7 +111,7 @@ class Watchdog:
                 launcher = next((p for p in self.run.processes if p.role == "launcher"), None)
                 if launcher is not None:
                     print(f"sglang-phasetrace: stall persisted {self.abort_after:.0f} s; sending SIGTERM to the "
-                          f"launcher (pid {launcher.pid}) as {ENV_ABORT_AFTER} asks", file=self.out, flush=True)
+                          f"launcher (pid {launcher.pid}) as {keys.ENV_ABORT_AFTER} asks", file=self.out, flush=True)
                     os.kill(launcher.pid, signal.SIGTERM)
                 self.abort_after = None
                 return
@@ -140,7 +137,7 @@ def _float_env(name: str) -> float | None:
 
 def start_in_launcher(rt: runtime.Runtime) -> Watchdog | None:
     """Watch this launch from the launching process until it is ready (or exits)."""
-    if os.environ.get(ENV_WATCHDOG, "1") == "0" or rt.run_dir is None:
+    if os.environ.get(keys.ENV_WATCHDOG, "1") == "0" or rt.run_dir is None:
         return None
     dog = Watchdog(rt.run_dir, record=rt.write)
     rt.on_ready.append(dog.stop.set)
