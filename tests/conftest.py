@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -53,6 +54,12 @@ def hook_env(base_dir: Path, extra: dict[str, str] | None = None, hooks: bool = 
     env["SGLANG_PHASETRACE_DIR"] = str(base_dir)
     env.update(extra or {})
     return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_dirs(base_dir: Path) -> list[Path]:

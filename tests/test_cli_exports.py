@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from cli_fixtures import STALL_PHASE, build_run
+from conftest import free_port
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.rundir import load_run
 
@@ -127,12 +128,6 @@ def rotel_agent() -> str | None:
         return None
     path = Path(rotel.__file__).parent / "rotel-agent"
     return str(path) if path.is_file() and os.access(path, os.X_OK) else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Rotel:

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -23,7 +22,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import HOOKS, SCRIPTS, hook_env, requires_sglang, run_dirs, run_program
+from conftest import HOOKS, SCRIPTS, free_port, hook_env, requires_sglang, run_dirs, run_program
 from otlp_receiver import OtlpReceiver
 from sglang_phasetrace.tracing.rundir import ProcessRec, RunView, SpanRec, load_run
 
@@ -226,12 +225,6 @@ def test_engine_tp2_delivers_the_trace_over_otlp_grpc(tiny_model, tmp_path):
         check_tree(run)
         check_delivery(run, receiver)
     assert phasetrace_lines(ran.stderr) == []
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post_generate(port: int, api_key: str) -> dict | None:

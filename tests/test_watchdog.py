@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, hook_env, requires_sglang
+from conftest import ROOT, free_port, hook_env, requires_sglang
 from otlp_receiver import OtlpReceiver
 from sglang_phasetrace.tracing.cli import main as cli_main
 from sglang_phasetrace.tracing.cli.command import EXIT_STALLED
@@ -29,12 +29,10 @@ PROGRAM = ROOT / "tests" / "programs" / "dist_ranks.py"
 HB = 1.0
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def dist_ranks(model: Path, world: int, plant: str, rank: int) -> list[str]:
+    """Arguments for tests/programs/dist_ranks.py: ``world`` gloo ranks, ``plant`` in ``rank``."""
+    return [str(PROGRAM), str(model), "--world", str(world), "--plant", plant, "--rank", str(rank),
+            "--port", str(free_port())]
 
 
 class Launched:
@@ -79,8 +77,7 @@ def _rank(run_dir: Path, world_rank: int):
 def test_straggler_before_model_parallel_groups_named_with_waiters_and_stack(tmp_path: Path, tiny_model) -> None:
     run_dir = tmp_path / "run"
     th = Thresholds(heartbeat_s=HB, silent_s=30, stall_s=6, no_progress_s=300)
-    args = [str(PROGRAM), str(tiny_model[0]), "--world", "4", "--plant", "sleep", "--rank", "2",
-            "--port", str(_free_port())]
+    args = dist_ranks(tiny_model[0], 4, "sleep", 2)
     with Launched(args, run_dir) as launched:
         found, found_at = watch_until_finding(run_dir, th, timeout=180)
         finding = next(f for f in found if f.kind == "straggler")
@@ -113,8 +110,7 @@ def test_straggler_before_model_parallel_groups_named_with_waiters_and_stack(tmp
 def test_rank_holding_the_gil_in_c_is_named_silent_with_stack_from_outside(tmp_path: Path, tiny_model) -> None:
     """Watched by the standalone command, ``phasetrace watch RUN_DIR``."""
     run_dir = tmp_path / "run"
-    args = [str(PROGRAM), str(tiny_model[0]), "--world", "2", "--plant", "gil", "--rank", "1",
-            "--port", str(_free_port())]
+    args = dist_ranks(tiny_model[0], 2, "gil", 1)
     with Launched(args, run_dir):
         deadline = time.monotonic() + 120
         while not (run_dir / "journal").is_dir() and time.monotonic() < deadline:
@@ -134,8 +130,7 @@ def test_rank_holding_the_gil_in_c_is_named_silent_with_stack_from_outside(tmp_p
 def test_slow_phase_that_keeps_making_progress_is_not_reported(tmp_path: Path, tiny_model) -> None:
     run_dir = tmp_path / "run"
     th = Thresholds(heartbeat_s=HB, silent_s=10, stall_s=3, no_progress_s=3)
-    args = [str(PROGRAM), str(tiny_model[0]), "--world", "2", "--plant", "slow", "--rank", "1",
-            "--port", str(_free_port())]
+    args = dist_ranks(tiny_model[0], 2, "slow", 1)
     with Launched(args, run_dir) as launched:
         dog = Watchdog(run_dir, th, out=sys.stderr, py_spy=False)
         findings = []
