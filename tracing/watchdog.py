@@ -116,9 +116,9 @@ class Watchdog:
                 self.abort_after = None
                 return
 
-    def loop(self, until: Callable[[], bool] = lambda: False) -> None:
-        """Poll at the heartbeat interval until stopped (or ``until()``); never dies of an error."""
-        while not self.stop.is_set() and not until():
+    def loop(self) -> None:
+        """Poll at the heartbeat interval until stopped; never dies of an error."""
+        while not self.stop.is_set():
             try:
                 self.step()
             except Exception as exc:
