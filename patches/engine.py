@@ -141,7 +141,11 @@ class PatchEngine:
             self.report_unresolved(phase)
 
     def report_unresolved(self, phase: Phase) -> None:
-        if phase.name not in self.reported:
+        """One warning per required phase; an optional phase absent from this release is normal
+        (e.g. ``Scheduler.init_memory_pools`` before 0.5.14): its trace simply lacks it."""
+        if not phase.required:
+            log.debug("sglang-phasetrace: phase %r absent from this SGLang", phase.name)
+        elif phase.name not in self.reported:
             self.reported.add(phase.name)
             self.warn(f"phase {phase.name!r} not traced: no target resolves in this SGLang "
                       f"(tried {', '.join(phase.targets)})")

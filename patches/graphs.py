@@ -66,9 +66,13 @@ PHASES = (
         f"{ME}.cuda_graph_runner:CudaGraphRunner.capture_one_batch_size",
         f"{ME}.cpu_graph_runner:CPUGraphRunner.capture_one_batch_size",
     ), mode="all", enter=_shape),
-    Phase("graph.runner_init", (
+    Phase("graph.runner_init", (  # buffers, and for piecewise/breakable runners the capture itself
+        f"{ME}.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.__init__",
+        f"{ME}.runner.prefill_cuda_graph_runner:PrefillCudaGraphRunner.__init__",
+        f"{ME}.cuda_graph_runner:CudaGraphRunner.__init__",
         f"{ME}.piecewise_cuda_graph_runner:PiecewiseCudaGraphRunner.__init__",
         f"{ME}.breakable_cuda_graph_runner:BreakableCudaGraphRunner.__init__",
+        f"{ME}.cpu_graph_runner:CPUGraphRunner.__init__",
     ), mode="all", enter=_runner_ctor),
     Phase("graph.warmup", (f"{ME}.runner.base_runner:BaseRunner.warmup", f"{MR}:ModelRunner.kernel_warmup"),
           mode="all"),

@@ -10,20 +10,21 @@ from ._attrs import read, server_args_attrs
 from .spec import Call, Phase
 
 M = "sglang.srt.managers.scheduler"
-_PARALLEL = (  # attribute key -> names on runtime_context.get_parallel() (0.5.21+)
-    (keys.TP_RANK, "tp_rank"), (keys.PP_RANK, "pp_rank"), (keys.EP_RANK, "moe_ep_rank"),
-    (keys.DP_RANK, "dp_rank"), (keys.WORLD_RANK, "world_rank"), ("sglang.tp_size", "tp_size"),
+# attribute key -> Scheduler.__init__ argument (≤0.5.20; read by name: positions moved 4 times)
+_RANK_ARGS = (
+    (keys.TP_RANK, "tp_rank"), (keys.PP_RANK, "pp_rank"), (keys.DP_RANK, "dp_rank"), (keys.EP_RANK, "moe_ep_rank"),
+    (keys.GPU_ID, "gpu_id"), ("sglang.attn_cp_rank", "attn_cp_rank"), ("sglang.moe_dp_rank", "moe_dp_rank"),
+)
+# attribute key -> name on runtime_context.get_parallel() (0.5.21+)
+_PARALLEL = (
+    *(r for r in _RANK_ARGS if r[1] != "gpu_id"), (keys.WORLD_RANK, "world_rank"), ("sglang.tp_size", "tp_size"),
     ("sglang.pp_size", "pp_size"), ("sglang.ep_size", "moe_ep_size"), ("sglang.dp_size", "dp_size"),
 )
 
 
 def rank_attrs(call: Call) -> dict[str, Any]:
     """Ranks by argument name (≤0.5.20), else from the runtime context SGLang publishes (0.5.21+)."""
-    a = call.arguments
-    attrs: dict[str, Any] = {
-        keys.TP_RANK: a.get("tp_rank"), keys.PP_RANK: a.get("pp_rank"), keys.DP_RANK: a.get("dp_rank"),
-        keys.EP_RANK: a.get("moe_ep_rank"), keys.GPU_ID: a.get("gpu_id"),
-    }
+    attrs: dict[str, Any] = {key: call.arg(name) for key, name in _RANK_ARGS}
     context = sys.modules.get("sglang.srt.runtime_context")
     parallel = read(context, "get_parallel")
     if parallel is not None:
@@ -37,7 +38,7 @@ def rank_attrs(call: Call) -> dict[str, Any]:
                 attrs[keys.GPU_ID] = read(get_device(), "gpu_id")
             except Exception:  # not published in this process
                 pass
-    attrs.update(server_args_attrs(a.get("server_args")))
+    attrs.update(server_args_attrs(call.arg("server_args")))
     return attrs
 
 

@@ -50,7 +50,8 @@ def _engine_args(call: Call, result: Any) -> dict[str, Any]:
 
 
 PHASES = (
-    Phase("launch.engine", (f"{ENGINE}:Engine.__init__",), kind="launch", exit=_engine_args, ends_root=True),
+    Phase("launch.engine", (f"{ENGINE}:Engine.__init__", "sglang.srt.server:Engine.__init__"), kind="launch",
+          exit=_engine_args, ends_root=True),
     Phase("launch.server", (f"{HTTP}:launch_server", "sglang.srt.server:launch_server"), kind="launch",
           enter=_launch_args),
     Phase("launch.subprocesses", (f"{ENGINE}:Engine._launch_subprocesses", f"{ENGINE}:_launch_subprocesses",

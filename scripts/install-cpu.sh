@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install real SGLang 0.5.23 for CPU and sglang-phasetrace (editable, with test tools) into a venv.
+# Install real SGLang 0.5.23 (and 0.5.9 beside it) for CPU and sglang-phasetrace (editable, with test tools) into a venv.
 #
 #   scripts/install-cpu.sh            # -> ./.venv   (VENV=path to choose another)
 #
@@ -13,6 +13,9 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}
 SGLANG_VERSION=${SGLANG_VERSION:-0.5.23}
+# Older releases tested live beside it, each alone in $VENV/overlays/sglang-V (put ahead on
+# PYTHONPATH by the tests; they share the venv's dependencies). "" for none.
+SGLANG_OVERLAYS=${SGLANG_OVERLAYS-0.5.9}
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
@@ -22,6 +25,10 @@ pip install --no-deps "sglang==$SGLANG_VERSION" "torchvision==0.28.0"
 pip install -r scripts/cpu_env/requirements.txt
 pip install --no-deps -e ".[test]"
 pip install "pytest>=8" "pytest-timeout>=2.3" "ruff>=0.6"
+
+for v in $SGLANG_OVERLAYS; do
+  [ -d "$VENV/overlays/sglang-$v/sglang" ] || pip install --no-deps --target "$VENV/overlays/sglang-$v" "sglang==$v"
+done
 
 site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$PWD/scripts/cpu_env/site" > "$site/sglang_cpu_site.pth"

@@ -19,6 +19,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 HOOKS = ROOT / "sitecustomize_hooks"
 SCRIPTS = ROOT / "scripts"
+# Older SGLang releases installed beside the venv's own (scripts/install-cpu.sh, SGLANG_OVERLAYS):
+# each is a directory holding only that release's ``sglang`` package, put ahead on PYTHONPATH.
+OVERLAYS = {p.name.removeprefix("sglang-"): p for p in sorted((Path(sys.prefix) / "overlays").glob("sglang-*"))}
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false", "SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
 
@@ -108,6 +111,22 @@ def engine_run(tiny_model: tuple[Path, Path], tmp_path_factory: pytest.TempPathF
     CPU, one generate, shutdown; only PYTHONPATH enables tracing."""
     base = tmp_path_factory.mktemp("engine-run")
     ran = run_program([str(SCRIPTS / "start_engine.py"), str(tiny_model[0]), "--tp", "2"], base)
+    assert ran.returncode == 0, ran.stderr[-4000:]
+    assert ran.run_dir is not None, "no run directory was written"
+    return ran
+
+
+@pytest.fixture(scope="session", params=["installed", *OVERLAYS])
+def live_run(request: pytest.FixtureRequest, tiny_model: tuple[Path, Path],
+             tmp_path_factory: pytest.TempPathFactory) -> Ran:
+    """``engine_run`` on the installed SGLang, and the same start on each older release installed
+    as an overlay (0.5.9 in CI)."""
+    if request.param == "installed":
+        return request.getfixturevalue("engine_run")
+    base = tmp_path_factory.mktemp(f"engine-run-{request.param}")
+    overlay = {"PYTHONPATH": os.pathsep.join((str(HOOKS), str(OVERLAYS[request.param])))}
+    ran = run_program([str(SCRIPTS / "start_engine.py"), str(tiny_model[0]), "--tp", "2"], base, env=overlay,
+                      timeout=600)
     assert ran.returncode == 0, ran.stderr[-4000:]
     assert ran.run_dir is not None, "no run directory was written"
     return ran

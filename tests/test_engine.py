@@ -444,7 +444,8 @@ def test_first_mode_falls_back_to_a_later_candidate_when_earlier_ones_cannot_res
 def test_missing_target_is_reported_once(run_dir, make_module):
     mod = make_module(TARGET_SOURCE)
     name = phase_name()
-    engine, warnings = engine_for(Phase(name, (f"{mod.__name__}:Runner.step_renamed", f"{mod.__name__}:gone")))
+    engine, warnings = engine_for(Phase(name, (f"{mod.__name__}:Runner.step_renamed", f"{mod.__name__}:gone"),
+                                        required=True))
 
     engine.install()
     engine.apply_module(mod.__name__)
@@ -459,12 +460,23 @@ def test_missing_target_is_reported_once(run_dir, make_module):
 def test_missing_target_default_warning_goes_to_the_log(run_dir, make_module, caplog):
     mod = make_module(TARGET_SOURCE)
     name = phase_name()
-    engine = PatchEngine((Phase(name, (f"{mod.__name__}:gone",)),))
+    engine = PatchEngine((Phase(name, (f"{mod.__name__}:gone",), required=True),))
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         engine.apply_module(mod.__name__)
         engine.apply_module(mod.__name__)
     lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert len(lines) == 1 and lines[0].startswith("sglang-phasetrace: ") and name in lines[0]
+
+
+def test_optional_phase_absent_from_this_release_is_silent(run_dir, make_module):
+    """A release without an optional step (``Scheduler.init_memory_pools`` before 0.5.14) is
+    normal: its trace lacks the phase, and nothing is printed."""
+    mod = make_module(TARGET_SOURCE)
+    engine, warnings = engine_for(Phase(phase_name(), (f"{mod.__name__}:gone", "no_such_module_x:f")))
+
+    engine.apply_module(mod.__name__)
+
+    assert warnings == [] and engine.resolved() == {}
 
 
 @pytest.mark.parametrize("where", ["enter", "exit"])

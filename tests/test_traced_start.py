@@ -10,6 +10,7 @@ wire format with the official ``opentelemetry-proto`` messages.
 from __future__ import annotations
 
 import collections
+import importlib.util
 import json
 import os
 import re
@@ -20,10 +21,12 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
-from conftest import HOOKS, SCRIPTS, free_port, hook_env, requires_sglang, run_dirs, run_program
+from conftest import HOOKS, OVERLAYS, SCRIPTS, Ran, free_port, hook_env, requires_sglang, run_dirs, run_program
 from otlp_receiver import OtlpReceiver
+from sglang_phasetrace.patches.coverage import Sources, table_phases, wrapped
 from sglang_phasetrace.tracing.rundir import ProcessRec, RunView, SpanRec, load_run
 
 pytestmark = [requires_sglang, pytest.mark.sglang]
@@ -31,6 +34,7 @@ pytestmark = [requires_sglang, pytest.mark.sglang]
 START_ENGINE = str(SCRIPTS / "start_engine.py")
 EAGLE_ERROR = "EAGLE is not supported in decode attention backend torch_native"
 WARNING_PREFIX = "sglang-phasetrace:"
+KERNEL_WARMUP = "sglang.srt.model_executor.model_runner:ModelRunner.kernel_warmup"
 
 
 # -- reading a run -------------------------------------------------------------------------------
@@ -179,36 +183,56 @@ def phasetrace_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if WARNING_PREFIX in line]
 
 
-# -- Engine, tp=2 (the shared engine_run) --------------------------------------------------------
-def test_engine_tp2_launcher_spans(engine_run):
-    run = load_run(engine_run.run_dir)
+# -- Engine, tp=2 (the shared engine_run; and the same start on each older release installed) -----
+def test_engine_tp2_launcher_spans(live_run):
+    run = load_run(live_run.run_dir)
     assert run.problems == []
     check_launcher(run, "launch.engine")
 
 
-def test_engine_tp2_every_rank_traces_its_init_and_is_ready(engine_run):
-    run = load_run(engine_run.run_dir)
+def test_engine_tp2_every_rank_traces_its_init_and_is_ready(live_run):
+    run = load_run(live_run.run_dir)
     for tp, proc in enumerate(ranks_of(run, 2)):
         check_rank_ready(proc, tp)
         check_rank_phases(proc, tp)
 
 
-def test_engine_tp2_one_trace_nested_correctly(engine_run):
-    run = load_run(engine_run.run_dir)
+def test_engine_tp2_one_trace_nested_correctly(live_run):
+    run = load_run(live_run.run_dir)
     by_id = check_tree(run)
     launch = launcher_of(run).root
     for proc in run.ranks:  # ranks join the launcher's trace under its root
         assert by_id[proc.root.parent_id] is launch
 
 
-def test_engine_tp2_clean_start_has_no_tracer_warnings(engine_run):
-    run = load_run(engine_run.run_dir)
+def test_engine_tp2_clean_start_has_no_tracer_warnings(live_run):
+    """Also on a release that lacks some phases (0.5.9 has no ``Scheduler.init_memory_pools``):
+    a phase the release does not have is absent from its trace, not a warning."""
+    run = load_run(live_run.run_dir)
     assert [w for p in run.processes for w in p.warnings] == []
-    assert phasetrace_lines(engine_run.stderr) == []
+    assert phasetrace_lines(live_run.stderr) == []
     # the late-apply alias sweep once read every module attribute's __class__, which made torch
     # print this deprecation warning in every traced process (SGLang alone does not)
-    assert "torch.distributed.reduce_op" not in engine_run.stderr
-    assert len(run_dirs(engine_run.run_dir.parent)) == 1, "one launch, one run directory"
+    assert "torch.distributed.reduce_op" not in live_run.stderr
+    assert len(run_dirs(live_run.run_dir.parent)) == 1, "one launch, one run directory"
+
+
+def test_engine_tp2_traces_the_phases_of_the_newest_release_that_this_one_has(live_run, engine_run, request):
+    """What ran is what the coverage table says: every phase seen on the installed (newest)
+    release is seen here too when this release's sources have a target for it, and no phase is
+    seen that the table says this release lacks."""
+    release = request.node.callspec.params["live_run"]
+    root = OVERLAYS[release] if release in OVERLAYS else Path(importlib.util.find_spec("sglang").origin).parents[1]
+    sources = Sources.directory(root)
+    covered = {p.name for p in table_phases() if wrapped(p, sources.resolves)}
+    listed = {p.name for p in table_phases()}
+
+    def seen(ran: Ran) -> set[str]:
+        return {s.phase for _, s in all_spans(load_run(ran.run_dir))} & listed
+
+    assert seen(live_run) <= covered, seen(live_run) - covered
+    cuda_only = {"graph.warmup"} if sources.resolves(KERNEL_WARMUP) else set()  # ≤0.5.13: called on CUDA only
+    assert seen(engine_run) & covered - cuda_only <= seen(live_run), seen(engine_run) & covered - seen(live_run)
 
 
 # -- OTLP export ---------------------------------------------------------------------------------

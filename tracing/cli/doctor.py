@@ -96,6 +96,21 @@ def check_phase(phase: Any, importer: Importer) -> PhaseCheck:
     return check
 
 
+def coverage_row(importer: Importer) -> dict[str, str]:
+    """This release's row of docs/coverage.md, from the imported modules (same rules, live)."""
+    from ...patches.coverage import table_row
+    from ...patches.engine import resolve
+    from ...patches.spec import split
+
+    def resolves(target: str) -> bool:
+        module_name, qualname = split(target)
+        module = importer.get(module_name)[0]
+        found = resolve(module, qualname) if module is not None else None
+        return found is not None and _is_function(found.raw)
+
+    return table_row(resolves)
+
+
 def sglang_version() -> str | None:
     try:
         from sglang.version import __version__
@@ -129,9 +144,10 @@ be checked here. Exits 1 when a required phase resolves nowhere (tracing would m
         checks = [check_phase(p, importer) for p in (*patches.PHASES, *patches.MODEL_PHASES)]
         version = sglang_version()
         broken = [c for c in checks if c.required and c.status == "missing"]
+        row = coverage_row(importer)
         if args.json:
             print(json.dumps({"sglang": version, "phases": [c.to_json() for c in checks],
-                              "missing_required": [c.phase for c in broken]}, indent=1))
+                              "missing_required": [c.phase for c in broken], "coverage_row": row}, indent=1))
         else:
             console = make_console()
             console.print(doctor_table(checks, f"patch targets on SGLang {version or '(not installed)'}",
@@ -140,6 +156,8 @@ be checked here. Exits 1 when a required phase resolves nowhere (tracing would m
             console.print(f"{ok} of {len(checks)} phases resolve; "
                           + (f"required but missing: {', '.join(c.phase for c in broken)}" if broken
                              else "every required phase resolves"))
+            console.print(f"this release's row of docs/coverage.md (SGLang {version}): "
+                          + "  ".join(f"{phase} {cell}" for phase, cell in row.items()), soft_wrap=False)
             if any(c.status == RUN_TIME for c in checks):
                 console.print("'run time': '*:attr' targets are resolved on the model classes SGLang loads at "
                               "run time (any architecture); they cannot be checked before a start.")

@@ -1,0 +1,200 @@
+"""Coverage across releases, on the real published wheels of SGLang 0.4.0 … 0.5.23 (35 of them).
+
+The wheels are downloaded once with ``pip download --no-deps`` and cached (scripts/coverage.py);
+they are read as source, never installed. The static resolution is checked three ways: the
+committed docs/coverage.md is what it gives; it agrees with the reference init map (transcribed
+below); and on the releases installed here, ``phasetrace doctor`` (which imports SGLang) gives the
+same row.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import OVERLAYS, SCRIPTS, requires_sglang
+from sglang_phasetrace.patches import scheduler
+from sglang_phasetrace.patches.coverage import RELEASES, Sources, table_phases
+from sglang_phasetrace.patches.spec import Call
+
+SCHED = "sglang.srt.managers.scheduler"
+MR = "sglang.srt.model_executor.model_runner"
+ME = "sglang.srt.model_executor"
+SP = "sglang.srt.speculative"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("coverage_script", SCRIPTS / "coverage.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def script():
+    return _script()
+
+
+@pytest.fixture(scope="module")
+def wheels(script) -> dict[str, Path]:
+    return script.wheels()
+
+
+@pytest.fixture(scope="module")
+def computed(script, wheels):
+    return script.compute(wheels)
+
+
+def test_the_committed_table_is_current(script, computed):
+    assert script.DOC.read_text(encoding="utf-8") == script.render(*computed), \
+        "docs/coverage.md is stale: run python scripts/coverage.py --write"
+
+
+# The reference map's coverage section (sglang-init-map.md, d.3), transcribed: per row, our phases
+# that hold it, its candidates by letter, and one cell per sampled release ('.' = none).
+MAP_RELEASES = ("0.4.0", "0.4.3", "0.4.6", "0.4.8", "0.4.10.post2", "0.5.1", "0.5.3", "0.5.5", "0.5.6", "0.5.8",
+                "0.5.9", "0.5.10", "0.5.12", "0.5.14", "0.5.16", "0.5.18", "0.5.20", "0.5.23")
+PS = "sglang.srt.distributed.parallel_state"
+DC = "sglang.srt.distributed.device_communicators"
+MAP = {
+    "rank_root": ("rank", {"A": f"{SCHED}:Scheduler.__init__"}, "A" * 18),
+    "dist_init": ("dist.init", {"A": "sglang.srt.distributed.bootstrap:init_parallel_runtime",
+                                "B": f"{MR}:ModelRunner.init_torch_distributed"}, "B" * 17 + "A"),
+    "dist: init_process_group": ("dist.init_process_group", {"A": f"{PS}:init_distributed_environment"}, "A" * 18),
+    "dist: model-parallel groups": ("dist.model_parallel_groups", {"A": f"{PS}:initialize_model_parallel"}, "A" * 18),
+    "dist: group ctor": ("dist.group_coordinator", {"A": f"{PS}:GroupCoordinator.__init__"}, "A" * 18),
+    "dist: pynccl comm": ("dist.pynccl_comm", {"A": f"{DC}.pynccl:PyNcclCommunicator.__init__"}, "A" * 18),
+    "dist: custom AR": ("dist.custom_all_reduce", {"A": f"{DC}.custom_all_reduce_v2:CustomAllReduceV2.__init__",
+                                                   "B": f"{DC}.custom_all_reduce:CustomAllreduce.__init__"},
+                        "B" * 11 + "A" * 7),
+    "model_runner ctor": ("model_runner.init", {"A": f"{MR}:ModelRunner.__init__"}, "A" * 18),
+    "weight_load": ("model.load_weights", {"A": f"{MR}:ModelRunner.load_model"}, "A" * 18),
+    "weight_load: loader": ("model.loader", {"A": "sglang.srt.model_loader.loader:DefaultModelLoader.load_model"},
+                            "A" * 18),
+    "weight_load: shard iterator": ("model.weights_iterator", {
+        "A": "sglang.srt.model_loader.weight_utils:safetensors_weights_iterator"}, "A" * 18),
+    "kv_cache_alloc": ("kv_cache.alloc", {
+        "A": f"{MR}:ModelRunner.alloc_memory_pool", "B": f"{MR}:ModelRunner.init_memory_pool",
+        "C": f"{ME}.model_runner_kv_cache_mixin:ModelRunnerKVCacheMixin.init_memory_pool"},
+        "B" * 9 + "C" * 4 + "A" * 5),
+    "attn_backend_init": ("attention.init", {"A": f"{MR}:ModelRunner.init_attention_backends",
+                                             "B": f"{MR}:ModelRunner.init_attention_backend"}, "B" * 13 + "A" * 5),
+    "graph_capture (phase span)": ("graph.init", {"A": f"{MR}:ModelRunner.init_cuda_graphs",
+                                                  "B": f"{MR}:ModelRunner.init_device_graphs"},
+                                   "A" * 5 + "B" * 8 + "A" * 5),
+    "graph_capture: decode runner ctor": ("graph.runner_init", {
+        "A": f"{ME}.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.__init__",
+        "B": f"{ME}.cuda_graph_runner:CudaGraphRunner.__init__"}, "B" * 13 + "A" * 5),
+    "graph_capture: decode capture()": ("graph.capture", {
+        "A": f"{ME}.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.capture",
+        "B": f"{ME}.cuda_graph_runner:CudaGraphRunner.capture"}, "B" * 13 + "A" * 5),
+    "graph_capture: per-bs": ("graph.capture_shape", {
+        "A": f"{ME}.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.capture_one_shape",
+        "B": f"{ME}.cuda_graph_runner:CudaGraphRunner.capture_one_batch_size"}, "B" * 13 + "A" * 5),
+    "piecewise/prefill graph": ("graph.runner_init", {
+        "A": f"{ME}.runner.prefill_cuda_graph_runner:PrefillCudaGraphRunner.__init__",
+        "B": f"{ME}.piecewise_cuda_graph_runner:PiecewiseCudaGraphRunner.__init__"}, "." * 7 + "B" * 6 + "A" * 5),
+    "draft: worker ctor (v2)": ("eagle.worker_init", {"A": f"{SP}.eagle_worker_v2:EAGLEWorkerV2.__init__"},
+                                "." * 7 + "A" * 11),
+    "draft: worker ctor (v1)": ("eagle.worker_init", {"A": f"{SP}.eagle_worker:EAGLEWorker.__init__"},
+                                "." + "A" * 12 + "." * 5),
+    "draft: embed/head share": ("eagle.init_lm_head eagle.worker_init", {
+        "A": f"{SP}.eagle_worker_v2:EagleDraftWorker.init_lm_head", "B": f"{SP}.eagle_worker:EAGLEWorker.__init__"},
+        "." + "B" * 6 + "A" * 11),
+    "draft: graphs": ("eagle.draft_graphs", {"A": f"{SP}.eagle_worker_v2:EagleDraftWorker.init_cuda_graphs",
+                                             "B": f"{SP}.eagle_worker:EAGLEWorker.init_cuda_graphs"},
+                      "." + "B" * 6 + "A" * 11),
+    "draft: EAGLE draft graph runner": ("eagle.draft_graph_runner", {
+        "A": f"{SP}.eagle_draft_cuda_graph_runner:EAGLEDraftCudaGraphRunner.__init__"}, "." + "A" * 17),
+    "draft: EAGLE draft-extend graph runner": ("eagle.draft_graph_runner", {
+        "A": f"{SP}.eagle_draft_extend_cuda_graph_runner:EAGLEDraftExtendCudaGraphRunner.__init__"},
+        "." * 3 + "A" * 15),
+    "server_ready": ("server.wait_ready", {"A": "sglang.srt.entrypoints.http_server:_wait_and_warmup",
+                                           "B": "sglang.srt.server:_wait_and_warmup"}, "B" + "A" * 17),
+    "main: launch": ("launch.subprocesses", {"A": "sglang.srt.entrypoints.engine:Engine._launch_subprocesses",
+                                             "B": "sglang.srt.entrypoints.engine:_launch_subprocesses",
+                                             "C": "sglang.srt.server:launch_engine"}, "C" + "B" * 10 + "A" * 7),
+}
+
+
+@pytest.mark.parametrize("row", list(MAP))
+def test_agrees_with_the_reference_init_map(row, computed):
+    """Where the map names a candidate, that function is what we wrap (named directly, or through
+    the class that inherits it: the map's C for kv_cache_alloc is the mixin our B resolves to);
+    where the map has none, we wrap none of the row's candidates."""
+    _, used, defined = computed
+    ours, candidates, cells = MAP[row]
+    for release, cell in zip(MAP_RELEASES, cells, strict=True):
+        wrapped = {t for phase in ours.split() for t in used[release][phase]}
+        reached = wrapped | {defined[release].get(t, t) for t in wrapped}
+        if cell == ".":
+            assert not reached & set(candidates.values()), (release, reached & set(candidates.values()))
+        else:
+            assert candidates[cell] in reached, (release, candidates[cell], sorted(wrapped))
+
+
+def test_a_required_phase_resolves_in_every_release(computed):
+    rows, _, _ = computed
+    for phase in table_phases():
+        if phase.required:
+            assert [r for r in RELEASES if rows[r][phase.name] == "·"] == [], phase.name
+
+
+# -- rank identity across eras -------------------------------------------------------------------
+def parameters(sources: Sources, target: str) -> list[str]:
+    found = sources.function(target)
+    assert found is not None, f"{sources.label}: {target}"
+    args = found.node.args
+    return [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_rank_identity_is_read_in_every_era(release, wheels, monkeypatch):
+    """Rank arguments of ``Scheduler.__init__`` moved four times and left in 0.5.21: every one
+    the release has is read by name; without them, the names we read from the runtime context
+    are ones that release publishes."""
+    sources = Sources.wheel(wheels[release])
+    params = parameters(sources, f"{SCHED}:Scheduler.__init__")
+    monkeypatch.delitem(sys.modules, "sglang.srt.runtime_context", raising=False)
+    ranks = {p: 10 + i for i, p in enumerate(params) if p.endswith("_rank") or p == "gpu_id"}
+    attrs = scheduler.rank_attrs(Call({**ranks, "server_args": None}))
+    read_as = {name: key for key, name in scheduler._RANK_ARGS}
+    assert set(ranks) <= set(read_as), f"unread rank arguments: {set(ranks) - set(read_as)}"
+    assert {name: attrs[read_as[name]] for name in ranks} == ranks
+    if "tp_rank" not in params:  # 0.5.21+
+        assert sources.resolve("sglang.srt.runtime_context:get_parallel")
+        text = sources.text("sglang.srt.runtime_context")
+        unpublished = [name for _, name in scheduler._PARALLEL if f'"{name}"' not in text and f"{name}:" not in text]
+        assert unpublished == []
+    assert {"gpu_id"} <= set(parameters(sources, f"{MR}:ModelRunner.__init__"))
+
+
+# -- the live row: doctor imports the installed release --------------------------------------------
+@requires_sglang
+@pytest.mark.parametrize("release", ["installed", *OVERLAYS])
+def test_doctor_prints_this_releases_row_of_the_table(release, computed):
+    env = {"PYTHONPATH": str(OVERLAYS[release])} if release in OVERLAYS else {}
+    done = subprocess.run([sys.executable, "-m", "sglang_phasetrace.tracing.cli", "doctor", "--json"],
+                          capture_output=True, text=True, timeout=300, env={**_clean_env(), **env})
+    report = json.loads(done.stdout)
+    rows, used, _ = computed
+    version = report["sglang"]
+    assert version == release if release in OVERLAYS else version in RELEASES
+    unimportable = {t["target"] for p in report["phases"] for t in p["targets"] if t["state"] == "import error"}
+    for phase in table_phases():
+        if report["coverage_row"][phase.name] != rows[version][phase.name]:
+            # the sources define it, but importing the module fails on every machine (0.5.9's
+            # multi_layer_eagle_worker evaluates an annotation only imported under TYPE_CHECKING)
+            live = set(report["coverage_row"][phase.name].split("+"))
+            static_only = [t for i, t in enumerate(phase.targets) if t in used[version][phase.name]
+                           and chr(ord("A") + i) not in live]
+            assert static_only and set(static_only) <= unimportable, (phase.name, static_only)
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("SGLANG_PHASETRACE")}
