@@ -108,12 +108,11 @@ def render(rows: dict[str, dict[str, str]], used: dict[str, dict[str, list[str]]
     return "\n".join(out) + "\n"
 
 
-def compute(paths: dict[str, Path]) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, list[str]]],
+def compute(releases: dict[str, Sources]) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, list[str]]],
                                              dict[str, dict[str, str]]]:
     """Per release: phase -> cell, phase -> wrapped targets, and target -> where it is defined."""
     rows, used, defined = {}, {}, {}
-    for version, path in paths.items():
-        sources = Sources.wheel(path)
+    for version, sources in releases.items():
         used[version] = {p.name: wrapped(p, sources.resolves) for p in table_phases()}
         rows[version] = {p.name: cell(p, used[version][p.name]) for p in table_phases()}
         defined[version] = {t: sources.resolve(t) or t for ts in used[version].values() for t in ts
@@ -127,7 +126,7 @@ def main() -> int:
     action.add_argument("--write", action="store_true", help=f"rewrite {DOC.relative_to(ROOT)}")
     action.add_argument("--check", action="store_true", help=f"fail if {DOC.relative_to(ROOT)} is stale")
     args = parser.parse_args()
-    text = render(*compute(wheels()))
+    text = render(*compute({v: Sources.wheel(path) for v, path in wheels().items()}))
     if args.write:
         DOC.parent.mkdir(exist_ok=True)
         DOC.write_text(text, encoding="utf-8")

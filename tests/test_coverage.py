@@ -9,12 +9,12 @@ same row.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import OVERLAYS, SCRIPTS, requires_sglang
@@ -26,6 +26,77 @@ SCHED = "sglang.srt.managers.scheduler"
 MR = "sglang.srt.model_executor.model_runner"
 ME = "sglang.srt.model_executor"
 SP = "sglang.srt.speculative"
+
+
+# -- the static resolver follows the engine's rules (checked against the engine, on real imports) --
+SYNTHETIC = {
+    "pkg/__init__.py": "",
+    "pkg/ns/base.py": (  # pkg/ns has no __init__.py: a namespace package, like sglang.srt
+        "import functools\n"
+        "class Mixin:\n"
+        "    def pool(self): pass\n"
+        "    @property\n"
+        "    def size(self): return 1\n"
+        "    @functools.lru_cache\n"
+        "    def cached(self): pass\n"
+        "def helper(): pass\n"
+        "def gen(): yield 1\n"),
+    "pkg/ns/runner.py": (
+        "from typing import TYPE_CHECKING\n"
+        "from .base import Mixin, helper\n"
+        "from pkg.ns import base as b\n"
+        "if TYPE_CHECKING:\n"
+        "    from .base import gen as only_for_types\n"
+        "try:\n"
+        "    from .missing import nothing\n"
+        "except ImportError:\n"
+        "    def nothing(): pass\n"
+        "class Runner(Mixin):\n"
+        "    def __init__(self): pass\n"
+        "    class Inner:\n"
+        "        async def step(self): pass\n"
+        "    made = staticmethod(helper)\n"
+        "    @classmethod\n"
+        "    def build(cls): pass\n"
+        "class Late(b.Mixin): pass\n"
+        "alias = helper\n"
+        "value = 3\n"),
+    "pkg/star.py": "from pkg.ns.base import *\n",
+}
+SYNTHETIC_TARGETS = [
+    "pkg.ns.runner:Runner.__init__", "pkg.ns.runner:Runner.pool", "pkg.ns.runner:Late.pool",
+    "pkg.ns.runner:Runner.size", "pkg.ns.runner:Runner.cached", "pkg.ns.runner:Runner.Inner.step",
+    "pkg.ns.runner:Runner.made", "pkg.ns.runner:Runner.build", "pkg.ns.runner:helper", "pkg.ns.runner:alias",
+    "pkg.ns.runner:only_for_types", "pkg.ns.runner:nothing", "pkg.ns.runner:value", "pkg.ns.runner:Runner.gone",
+    "pkg.star:gen", "pkg.star:Mixin.pool", "pkg.ns.base:gen", "pkg.ns.nope:f", "pkg:ns",
+]
+
+
+def test_sources_resolve_exactly_what_the_engine_resolves(tmp_path, monkeypatch):
+    from sglang_phasetrace.patches.engine import _function_of, resolve
+
+    for name, text in SYNTHETIC.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    static = Sources.directory(tmp_path)
+
+    def live(target: str) -> bool:
+        module, qualname = target.split(":")
+        try:
+            found = resolve(importlib.import_module(module), qualname)
+        except ImportError:
+            return False
+        return found is not None and _function_of(found.raw) is not None
+
+    try:
+        answers = {t: (static.resolves(t), live(t)) for t in SYNTHETIC_TARGETS}
+    finally:
+        for name in [m for m in sys.modules if m == "pkg" or m.startswith("pkg.")]:
+            del sys.modules[name]
+    assert {t: a for t, a in answers.items() if a[0] != a[1]} == {}
+    assert static.resolve("pkg.ns.runner:Late.pool") == "pkg.ns.base:Mixin.pool"
+    assert sum(s for s, _ in answers.values()) == 12  # both ways: some resolve, some do not
 
 
 def _script():
@@ -41,13 +112,13 @@ def script():
 
 
 @pytest.fixture(scope="module")
-def wheels(script) -> dict[str, Path]:
-    return script.wheels()
+def releases(script) -> dict[str, Sources]:
+    return {v: Sources.wheel(path) for v, path in script.wheels().items()}
 
 
 @pytest.fixture(scope="module")
-def computed(script, wheels):
-    return script.compute(wheels)
+def computed(script, releases):
+    return script.compute(releases)
 
 
 def test_the_committed_table_is_current(script, computed):
@@ -154,11 +225,11 @@ def parameters(sources: Sources, target: str) -> list[str]:
 
 
 @pytest.mark.parametrize("release", RELEASES)
-def test_rank_identity_is_read_in_every_era(release, wheels, monkeypatch):
+def test_rank_identity_is_read_in_every_era(release, releases, monkeypatch):
     """Rank arguments of ``Scheduler.__init__`` moved four times and left in 0.5.21: every one
     the release has is read by name; without them, the names we read from the runtime context
     are ones that release publishes."""
-    sources = Sources.wheel(wheels[release])
+    sources = releases[release]
     params = parameters(sources, f"{SCHED}:Scheduler.__init__")
     monkeypatch.delitem(sys.modules, "sglang.srt.runtime_context", raising=False)
     ranks = {p: 10 + i for i, p in enumerate(params) if p.endswith("_rank") or p == "gpu_id"}
