@@ -25,6 +25,7 @@ log = logging.getLogger("sglang_phasetrace")
 MARK = "__phasetrace__"
 _local = threading.local()
 _failed_hooks: set[tuple[str, str]] = set()
+_made: list[tuple[Phase, Callable]] = []  # every wrapper made in this process, for restore_copies
 
 
 def make_wrapper(phase: Phase, func: Callable, target: str, is_method: bool) -> Callable:
@@ -81,7 +82,34 @@ def make_wrapper(phase: Phase, func: Callable, target: str, is_method: bool) -> 
             active.exit(result, None)
             return result
     setattr(wrapper, MARK, phase.name)
+    _made.append((phase, wrapper))
     return wrapper
+
+
+def restore_copies(predicate: Callable[[Phase], bool]) -> int:
+    """Point every module-level copy of a matching wrapper back at its original; return how many.
+
+    ``from X import f`` and ``import *`` run after X was patched copy the wrapper (``torch.distributed``
+    re-exports the c10d collectives that way, and SGLang's scheduler loop calls them through it),
+    and the engine's undo knows only the copies that existed when it patched. One pass over every
+    module namespace (a few tens of ms at 200 k names), so bootstrap runs it on a thread at ready.
+    """
+    originals = {id(w): (w, w.__wrapped__) for phase, w in _made if predicate(phase)}
+    ids = frozenset(originals)
+    restored = 0
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        try:
+            if type(namespace) is not dict or ids.isdisjoint(map(id, namespace.values())):
+                continue  # the common case, checked in C
+            for name, value in list(namespace.items()):
+                hit = originals.get(id(value))
+                if hit is not None and hit[0] is value:
+                    namespace[name] = hit[1]
+                    restored += 1
+        except RuntimeError:  # the namespace changed under us (an import on another thread): skip it
+            continue
+    return restored
 
 
 def _hook(phase: Phase, name: str, hook: Callable | None, *args: Any) -> Any:
@@ -107,9 +135,13 @@ def _active_keys() -> set:
 def _enter_collective(phase: Phase, op: str, sig: inspect.Signature | None, is_method: bool,
                       args: tuple, kwargs: dict) -> dict | None:
     """Record entering an init collective (no span); None when not recording or on any failure."""
+    start = time.perf_counter_ns()
     try:
         rt = runtime.current()
-        if not rt.started or rt.ready:
+        if rt.ready:  # reached through a copy not (yet) restored at ready: counted, with its cost
+            rt.count_runtime_call(phase.name, time.perf_counter_ns() - start)
+            return None
+        if not rt.started:
             return None
         arguments = dict(sig.bind_partial(*args, **kwargs).arguments) if sig else {}
         attrs = _hook(phase, "enter", phase.enter, Call(arguments, args[0] if is_method and args else None)) or {}
@@ -121,13 +153,16 @@ def _enter_collective(phase: Phase, op: str, sig: inspect.Signature | None, is_m
 
 def _enter(phase: Phase, target: str, sig: inspect.Signature | None, is_method: bool,
            args: tuple, kwargs: dict) -> _Active | None:
+    start = time.perf_counter_ns()
     try:
         rt = runtime.current()
         instance = args[0] if is_method and args else None
         guard = (phase.name, id(instance))
-        if guard in _active_keys():
-            return None  # re-entry (super() chain, nested alias): the outer span covers it
-        if rt.ready and phase.after_ready == "skip" and phase.kind in ("call", "generator"):
+        quiet = rt.ready and phase.after_ready == "skip" and phase.kind in ("call", "generator")
+        # re-entry (super() chain, nested alias): the outer span covers it
+        if quiet or guard in _active_keys():
+            if rt.ready:
+                rt.count_runtime_call(phase.name, time.perf_counter_ns() - start)
             return None
         arguments = dict(sig.bind_partial(*args, **kwargs).arguments) if sig else {}
         call = Call(arguments, instance)
@@ -141,7 +176,7 @@ def _enter(phase: Phase, target: str, sig: inspect.Signature | None, is_method: 
         if call.state.get("progress"):  # an enter hook may say how far the enclosing work is
             handle.progress(**call.state["progress"])
         _active_keys().add(guard)
-        return _Active(rt, phase, call, handle, guard)
+        return _Active(rt, phase, call, handle, guard, time.perf_counter_ns() - start if rt.ready else None)
     except Exception as exc:
         log.warning("sglang-phasetrace: %s not traced: %r", phase.name, exc)
         return None
@@ -171,23 +206,36 @@ def _start(rt: runtime.Runtime, phase: Phase, attrs: dict[str, Any]) -> spans.Ph
 
 
 class _Active:
-    """One traced call in flight."""
+    """One traced call in flight. ``runtime_ns``: begun after ready, what tracing has cost it so far
+    (the status file shows runtime calls and their cost); None for calls during init."""
 
-    __slots__ = ("call", "guard", "handle", "phase", "rt")
+    __slots__ = ("call", "guard", "handle", "phase", "rt", "runtime_ns")
 
     def __init__(self, rt: runtime.Runtime, phase: Phase, call: Call, handle: spans.PhaseSpan,
-                 guard: tuple) -> None:
+                 guard: tuple, runtime_ns: int | None = None) -> None:
         self.rt, self.phase, self.call, self.handle, self.guard = rt, phase, call, handle, guard
+        self.runtime_ns = runtime_ns
 
     def item(self, item: Any) -> None:
+        start = time.perf_counter_ns()
         event = _hook(self.phase, "each", self.phase.each, self.call, item)
         progress = self.call.state.get("progress")
         if progress:
             self.handle.progress(**progress)
         if event:
             self.handle.event(*event)
+        if self.runtime_ns is not None:
+            self.runtime_ns += time.perf_counter_ns() - start
 
     def exit(self, result: Any, exc: BaseException | None) -> None:
+        start = time.perf_counter_ns()
+        try:
+            self._exit(result, exc)
+        finally:
+            if self.runtime_ns is not None:
+                self.rt.count_runtime_call(self.phase.name, self.runtime_ns + time.perf_counter_ns() - start)
+
+    def _exit(self, result: Any, exc: BaseException | None) -> None:
         try:
             _active_keys().discard(self.guard)
             attrs = _hook(self.phase, "exit", self.phase.exit, self.call, result)

@@ -7,6 +7,7 @@ runtime itself (run directory, journal, provider) starts later, at the process's
 from __future__ import annotations
 
 import os
+import threading
 from typing import TYPE_CHECKING
 
 from . import keys, runtime
@@ -33,8 +34,19 @@ def activate(boot_ns: int | None = None) -> None:
     if skip:
         patches.PHASES = tuple(p for p in patches.PHASES if p.name not in skip)
     engine = patches.install(warn=rt.warn)
-    rt.on_ready.append(lambda: engine.unapply(lambda phase: phase.init_only))
+    rt.on_ready.append(lambda: _unpatch_init_only(engine))
     rt.on_ready.append(lambda: _report_missing(rt, engine))
+
+
+def _unpatch_init_only(engine: PatchEngine) -> None:
+    """At ready, take the init-only (hot-path) patches off: the targets and their known aliases now,
+    the copies modules made after patching on a thread (a pass over every module, kept off the
+    ready path). A call through a copy before that pass ends is counted as a runtime call."""
+    from ..patches import wrappers
+
+    engine.unapply(lambda phase: phase.init_only)
+    threading.Thread(target=wrappers.restore_copies, args=(lambda phase: phase.init_only,),
+                     name="phasetrace-unpatch", daemon=True).start()
 
 
 def _report_missing(rt: runtime.Runtime, engine: PatchEngine) -> None:

@@ -1,17 +1,20 @@
 """OTLP export to Jaeger (or any collector), configured only by the standard OTEL_* variables.
 
 Batch export in its own thread: a span ending never waits on the network. Flushed without
-blocking at rank ready, and with a short bound at exit and on SIGTERM/SIGINT/SIGQUIT.
+blocking at rank ready, and with a short bound at exit and on SIGTERM/SIGINT/SIGQUIT, cut shorter
+still once the collector shows it is not answering: a dead collector never slows SGLang.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 PROTOCOLS = ("grpc", "http/protobuf")
 
@@ -34,18 +37,78 @@ def processor_from_env(warn: Callable[[str], None]) -> SpanProcessor | None:
         else:
             warn(f"OTLP protocol {protocol!r} is not supported (use one of {PROTOCOLS}); journal only")
             return None
-        return BatchSpanProcessor(OTLPSpanExporter(), schedule_delay_millis=1000)
+        return BatchSpanProcessor(Watched(OTLPSpanExporter()), schedule_delay_millis=1000)
     except Exception as exc:
         warn(f"OTLP exporter not started ({exc!r}); journal only")
         return None
 
 
-def flush_async(provider: TracerProvider | None) -> None:
-    """Ask exporters to send what they hold, in a daemon thread: the caller never waits."""
-    if provider is not None:
-        threading.Thread(target=provider.force_flush, args=(5000,), name="phasetrace-flush", daemon=True).start()
+class Collector:
+    """What this process's exporters know of their collector. A live one takes a batch in
+    milliseconds; one that failed a batch, or has held one for over ``SLOW_S``, is not waited for."""
+
+    SLOW_S = 1.0
+
+    def __init__(self) -> None:
+        self.answering: bool | None = None  # took the last batch (None: none sent yet)
+        self.waiting_since: float | None = None  # monotonic start of the export in flight
+
+    def unresponsive(self) -> bool:
+        since = self.waiting_since
+        return self.answering is False or (since is not None and time.monotonic() - since > self.SLOW_S)
 
 
-def flush(provider: TracerProvider | None, timeout_s: float = 2.0) -> None:
-    if provider is not None:
-        provider.force_flush(int(timeout_s * 1000))
+COLLECTOR = Collector()
+
+
+class Watched(SpanExporter):
+    """The OTLP exporter, keeping ``COLLECTOR`` up to date (see ``flush``)."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        result = SpanExportResult.FAILURE
+        COLLECTOR.waiting_since = time.monotonic()
+        try:
+            result = self.inner.export(spans)
+        finally:
+            COLLECTOR.answering = result is SpanExportResult.SUCCESS
+            COLLECTOR.waiting_since = None
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+def flush_async(target: Any) -> None:
+    """Ask exporters (a provider or a processor) to send what they hold, in a daemon thread: the
+    caller never waits."""
+    if target is not None:
+        threading.Thread(target=target.force_flush, args=(5000,), name="phasetrace-flush", daemon=True).start()
+
+
+def flush(target: Any, timeout_s: float = 2.0) -> bool:
+    """Send what ``target`` holds, waiting at most ``timeout_s``, and no longer than it takes to see
+    that the collector is unresponsive (``Collector.SLOW_S`` into an export). The SDK's
+    ``force_flush`` ignores its timeout: it waits out every export, 10 s a batch (OTLP's default
+    timeout) against a collector that does not answer."""
+    if target is None:
+        return True
+    deadline = time.monotonic() + timeout_s
+    worker = threading.Thread(target=target.force_flush, name="phasetrace-flush", daemon=True)
+    worker.start()
+    while worker.is_alive() and time.monotonic() < deadline and not COLLECTOR.unresponsive():
+        worker.join(0.02)
+    return not worker.is_alive()  # else the spans stay in the journal (`phasetrace export --endpoint`)
+
+
+def _reset_after_fork() -> None:
+    global COLLECTOR
+    COLLECTOR = Collector()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)

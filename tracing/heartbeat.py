@@ -3,8 +3,10 @@
 Each beat: open phases (outermost first) with time in each and their latest progress, the
 collective the process is in, process CPU-time delta, RSS, threads, and GPU figures where NVML
 works. Written to the journal while the process initialises, and always to a small per-process
-status file (atomically replaced) that live readers poll. A process whose Python threads cannot
-run (GIL held in C) stops beating: that silence is itself the signal the watchdog reads.
+status file (atomically replaced) that live readers poll; after ready, that file also counts the
+patched wrappers that still ran (``runtime_calls``: calls and tracing's cost, per phase). A process
+whose Python threads cannot run (GIL held in C) stops beating: that silence is itself the signal
+the watchdog reads.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ class Heartbeat:
             record["collective"] = current
         if counts:
             record["collectives"] = counts
+        if self.rt.runtime_calls:
+            record["runtime_calls"] = self.rt.runtime_calls_summary()
         figures = gpu.sample(self.rt.identity.ranks.get("gpu"))
         if figures:
             record["gpu"] = figures

@@ -166,6 +166,8 @@ class Runtime:
         self.tracer: Any = None
         self._pending: list[dict] = []  # records (warnings) from before the journal existed
         self.on_ready: list[Any] = []  # callables run once this process is ready
+        self.runtime_calls: dict[str, list[int]] = {}  # phase -> [calls, ns] of wrappers run after ready
+        self._calls_lock = threading.Lock()
 
     def start(self) -> Runtime:
         if self.started:
@@ -189,7 +191,10 @@ class Runtime:
             for record in self._pending:
                 self.journal.write(record)
             self._pending.clear()
-            provider = TracerProvider(resource=resource, sampler=ALWAYS_ON, id_generator=PrivateIdGenerator())
+            # Not shut down by the SDK at exit: that joins the export thread for up to 30 s, however
+            # long a collector that does not answer holds it; lifecycle flushes with a bound instead.
+            provider = TracerProvider(resource=resource, sampler=ALWAYS_ON, id_generator=PrivateIdGenerator(),
+                                      shutdown_on_exit=False)
             provider.add_span_processor(JournalProcessor(self.journal, self.open))
             provider.add_span_processor(StampProcessor(ident))
             exporter = exporters.processor_from_env(self.warn)
@@ -236,6 +241,19 @@ class Runtime:
                 callback()
             except Exception as exc:
                 log.warning("sglang-phasetrace: ready hook failed: %r", exc)
+
+    def count_runtime_call(self, phase: str, cost_ns: int) -> None:
+        """A patched wrapper ran after ready (while serving): count it, with what tracing added to
+        the call, for the status file. Init-only patches are off by then, so this stays empty
+        unless something re-runs init work (a re-capture, a weight reload) or a copy escaped."""
+        with self._calls_lock:
+            entry = self.runtime_calls.setdefault(phase, [0, 0])
+            entry[0] += 1
+            entry[1] += cost_ns
+
+    def runtime_calls_summary(self) -> dict[str, dict[str, float]]:
+        with self._calls_lock:
+            return {phase: {"calls": n, "cost_us": round(ns / 1e3, 1)} for phase, (n, ns) in self.runtime_calls.items()}
 
     def write(self, record: dict) -> None:
         if self.journal is None:

@@ -91,9 +91,9 @@ class Watchdog:
         if root is not None and root.is_recording():
             root.add_event("phasetrace.stall", {"phasetrace.finding": finding.kind, "sglang.rank": finding.label,
                                                  "phasetrace.message": finding.message})
-        if self._exporter is None:
-            from . import exporters
+        from . import exporters
 
+        if self._exporter is None:
             self._exporter = exporters.processor_from_env(rt.warn) or False
         if self._exporter:
             from .snapshot import incomplete_spans
@@ -101,7 +101,7 @@ class Watchdog:
             for proc in procs:
                 for span in incomplete_spans(proc, time.time_ns(), finding.message):
                     self._exporter.on_end(span)
-            self._exporter.force_flush(5000)
+            exporters.flush(self._exporter, 5.0)  # bounded: a collector that does not answer holds no pass
 
     def _maybe_abort(self, findings: list[Finding]) -> None:
         if self.abort_after is None:
