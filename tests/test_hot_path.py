@@ -25,7 +25,7 @@ import pytest
 from conftest import ROOT, hook_env, requires_sglang, run_dirs
 from sglang_phasetrace.patches import PatchEngine, Phase
 from sglang_phasetrace.patches.wrappers import restore_copies
-from sglang_phasetrace.tracing import heartbeat, runtime
+from sglang_phasetrace.tracing import collectives, heartbeat, runtime
 from sglang_phasetrace.tracing.rundir import load_run
 
 PROGRAM = ROOT / "tests" / "programs" / "serve_engine.py"
@@ -50,7 +50,9 @@ def make_module():
         sys.modules.pop(name, None)
 
 
-def test_wrapper_calls_after_ready_are_counted_with_their_cost(trace_run_dir: Path, make_module) -> None:
+def test_wrapper_calls_after_ready_are_counted_with_their_cost(trace_run_dir: Path, make_module,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(collectives, "STATE", collectives.Collectives())  # per-process counts: not for later tests
     mod = make_module("def recapture(): return 1\ndef probe(): return 2\ndef all_reduce(): return 3\n")
     PatchEngine([Phase("t.recapture", (f"{mod.__name__}:recapture",)),
                  Phase("t.probe", (f"{mod.__name__}:probe",), after_ready="skip"),
