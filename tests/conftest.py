@@ -81,12 +81,13 @@ def run_program(args: list[str], base_dir: Path, *, env: dict[str, str] | None =
         out, err = proc.communicate()
         raise AssertionError(f"timed out after {timeout}s:\n{err[-4000:]}") from None
     finally:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
     dirs = run_dirs(base_dir)
     return Ran(proc.returncode, out, err, dirs[-1] if dirs else None)
 
 
-def _kill_group(pgid: int) -> None:
+def kill_group(pgid: int) -> None:
+    """SIGKILL a process group that may already be gone."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

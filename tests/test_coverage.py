@@ -19,7 +19,7 @@ import sys
 import pytest
 from conftest import OVERLAYS, SCRIPTS, requires_sglang
 from sglang_phasetrace.patches import scheduler
-from sglang_phasetrace.patches.coverage import RELEASES, Sources, table_phases
+from sglang_phasetrace.patches.coverage import RELEASES, Sources, letter, table_phases
 from sglang_phasetrace.patches.spec import Call
 
 SCHED = "sglang.srt.managers.scheduler"
@@ -263,7 +263,7 @@ def test_doctor_prints_this_releases_row_of_the_table(release, computed):
             # multi_layer_eagle_worker evaluates an annotation only imported under TYPE_CHECKING)
             live = set(report["coverage_row"][phase.name].split("+"))
             static_only = [t for i, t in enumerate(phase.targets) if t in used[version][phase.name]
-                           and chr(ord("A") + i) not in live]
+                           and letter(i) not in live]
             assert static_only and set(static_only) <= unimportable, (phase.name, static_only)
 
 

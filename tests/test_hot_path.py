@@ -10,9 +10,7 @@ wrapper still runs after ready is counted per process, with what tracing added t
 from __future__ import annotations
 
 import json
-import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
@@ -22,7 +20,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, hook_env, requires_sglang, run_dirs
+from conftest import ROOT, hook_env, kill_group, requires_sglang, run_dirs
 from sglang_phasetrace.patches import PatchEngine, Phase
 from sglang_phasetrace.patches.wrappers import restore_copies
 from sglang_phasetrace.tracing import collectives, heartbeat, runtime
@@ -148,10 +146,7 @@ def served(tiny_model: tuple[Path, Path], tmp_path_factory: pytest.TempPathFacto
         proc.stdin.close()  # serve_engine shuts the engine down at end of input
         proc.wait(timeout=60)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_group(proc.pid)
         proc.wait(timeout=30)
 
 

@@ -24,7 +24,18 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import HOOKS, OVERLAYS, SCRIPTS, Ran, free_port, hook_env, requires_sglang, run_dirs, run_program
+from conftest import (
+    HOOKS,
+    OVERLAYS,
+    SCRIPTS,
+    Ran,
+    free_port,
+    hook_env,
+    kill_group,
+    requires_sglang,
+    run_dirs,
+    run_program,
+)
 from otlp_receiver import OtlpReceiver
 from sglang_phasetrace.patches.coverage import Sources, table_phases, wrapped
 from sglang_phasetrace.tracing.rundir import ProcessRec, RunView, SpanRec, load_run
@@ -286,10 +297,7 @@ def test_launch_server_delivers_the_trace_over_otlp_http(tiny_model, tmp_path):
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=60)
         finally:
-            try:
-                os.killpg(server.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_group(server.pid)
             server.wait(timeout=30)
         (run_dir,) = run_dirs(tmp_path)
         run = load_run(run_dir)
