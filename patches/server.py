@@ -8,6 +8,7 @@ The launch root span starts at process start and ends when the server is ready: 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from ._attrs import server_args_attrs
@@ -49,6 +50,16 @@ def _engine_args(call: Call, result: Any) -> dict[str, Any]:
     return server_args_attrs(getattr(call.instance, "server_args", None))
 
 
+def _teardown(call: Call) -> dict[str, Any]:
+    """SGLang's launch-phase SIGQUIT handler (a child failed) is about to SIGKILL the whole tree,
+    this process included: name the rank that ended first, before that."""
+    from ..tracing import watchdog
+
+    if call.arg("parent_pid") == os.getpid():
+        watchdog.launcher_last_words()
+    return {"sglang.include_parent": bool(call.arg("include_parent", True))}
+
+
 PHASES = (
     Phase("launch.engine", (f"{ENGINE}:Engine.__init__", "sglang.srt.server:Engine.__init__"), kind="launch",
           exit=_engine_args, ends_root=True),
@@ -60,4 +71,7 @@ PHASES = (
     Phase("launch.dp_controller", ("sglang.srt.managers.data_parallel_controller:DataParallelController.__init__",)),
     Phase("server.wait_ready", (f"{HTTP}:_wait_and_warmup", "sglang.srt.server:_wait_and_warmup"), kind="ready",
           enter=_watch_ready, exit=_ready_seen),
+    # The handler calls the name from the launcher module's globals at call time: patch that alias.
+    Phase("launch.teardown", (f"{ENGINE}:kill_process_tree", "sglang.srt.server:kill_process_tree"),
+          enter=_teardown, after_ready="skip"),
 )

@@ -5,8 +5,11 @@ Assertions read parsed output (JSON, table rows, the report's embedded data), ne
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,7 +80,12 @@ def test_help_lists_every_verb_and_exit_codes(capsys: pytest.CaptureFixture[str]
 
 
 def test_bad_usage_and_bad_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert run_cli(capsys, )[0] == 2
+    assert (
+        run_cli(
+            capsys,
+        )[0]
+        == 2
+    )
     assert run_cli(capsys, "timeline")[0] == 2
     code, _, err = run_cli(capsys, "timeline", str(tmp_path / "nowhere"))
     assert code == 1 and str(tmp_path / "nowhere") in err and "not a phasetrace run directory" in err
@@ -85,8 +93,72 @@ def test_bad_usage_and_bad_directory(capsys: pytest.CaptureFixture[str], tmp_pat
     assert code == 2 and "two" in err
 
 
+READERS = {
+    "status": ["--once"],
+    "timeline": [],
+    "compare": [],
+    "report": ["-o", "-"],
+    "export": ["-o", "-"],
+    "watch": ["--timeout", "0.2"],
+}
+
+
+def test_every_verb_on_a_bad_run_directory_says_why_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    no_journal = tmp_path / "empty"
+    no_journal.mkdir()
+    cases = {
+        str(tmp_path / "nowhere"): "it does not exist",
+        str(a_file): "not a directory",
+        str(no_journal): "no journal/ inside",
+    }
+    for verb, extra in READERS.items():
+        for path, why in cases.items():
+            if verb == "watch" and path == str(no_journal):
+                continue  # a launch about to start: watch waits for its journals
+            code, _, err = run_cli(capsys, verb, path, *extra)
+            assert code == 1 and why in err and path in err, (verb, path, err)
+            assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    if os.geteuid() != 0:  # root reads anything
+        locked = tmp_path / "locked"
+        (locked / "journal").mkdir(parents=True)
+        locked.chmod(0)
+        try:
+            code, _, err = run_cli(capsys, "timeline", str(locked))
+            assert code == 1 and "Permission denied" in err, err
+        finally:
+            locked.chmod(0o700)
+
+
+def test_watch_on_a_run_directory_it_cannot_write_watches_without_recording(
+    runs: dict[str, SyntheticRun], capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(runs["stalled"].path, run)
+    if os.geteuid() == 0:  # root writes anywhere: the file system says no instead
+        from sglang_phasetrace.tracing.cli import watch
+
+        def read_only(path: Path) -> None:
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+        monkeypatch.setattr(watch, "JournalWriter", read_only)
+    else:
+        (run / "journal").chmod(0o500)
+    try:
+        code, _, err = run_cli(capsys, "watch", str(run), "--timeout", "0.5", "--interval", "0.1", "--no-py-spy")
+    finally:
+        (run / "journal").chmod(0o700)
+    assert code in (0, 3) and "Traceback" not in err
+    assert err.count("cannot write") == 1 and "watching without recording" in err, err
+    assert not [p for p in (run / "journal").iterdir() if p.name.startswith("watch-")]
+
+
 def test_corrupt_lines_reported_once_with_file_and_line_and_the_rest_used(
-        runs: dict[str, SyntheticRun], capsys: pytest.CaptureFixture[str]) -> None:
+    runs: dict[str, SyntheticRun], capsys: pytest.CaptureFixture[str]
+) -> None:
     run = runs["stalled"]
     code, out, err = run_cli(capsys, "compare", str(run.path), "--json")
     assert code == 0
@@ -99,8 +171,9 @@ def test_corrupt_lines_reported_once_with_file_and_line_and_the_rest_used(
 # -- timeline ------------------------------------------------------------------------------------------
 
 
-def test_timeline_rows_open_phases_and_slowest(runs: dict[str, SyntheticRun],
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_timeline_rows_open_phases_and_slowest(
+    runs: dict[str, SyntheticRun], capsys: pytest.CaptureFixture[str]
+) -> None:
     run = runs["stalled"]
     code, out, _ = run_cli(capsys, "timeline", str(run.path), "--width", "140", "--depth", "2")
     assert code == 0
@@ -157,8 +230,7 @@ def test_compare_two_runs(runs: dict[str, SyntheticRun], capsys: pytest.CaptureF
     code, out, _ = run_cli(capsys, "compare", str(a.path), str(b.path), "--json")
     assert code == 0
     phases = json.loads(out)["phases"]
-    weights = [abs(p["delta_s"]) if p["delta_s"] is not None else max(
-        (p["a"] or p["b"])["max_s"], 0) for p in phases]
+    weights = [abs(p["delta_s"]) if p["delta_s"] is not None else max((p["a"] or p["b"])["max_s"], 0) for p in phases]
     assert weights == sorted(weights, reverse=True)
     by = {p["phase"]: p for p in phases}
     w = by["model.weights_iterator"]
@@ -171,8 +243,11 @@ def test_compare_two_runs(runs: dict[str, SyntheticRun], capsys: pytest.CaptureF
     assert by[STALL_PHASE]["b"]["open"] == ["tp1"]
 
     code, out, _ = run_cli(capsys, "compare", str(a.path), str(b.path))
-    assert code == 0 and "model.weights_iterator" in out and "+" in rows_by_label(
-        out, ["model.weights_iterator"])["model.weights_iterator"]
+    assert (
+        code == 0
+        and "model.weights_iterator" in out
+        and "+" in rows_by_label(out, ["model.weights_iterator"])["model.weights_iterator"]
+    )
 
 
 # -- status --------------------------------------------------------------------------------------------
@@ -207,7 +282,8 @@ def test_status_ready_and_failed(runs: dict[str, SyntheticRun], capsys: pytest.C
 
 
 def test_status_verdict_from_analysis_without_diagnosis_record(
-        runs: dict[str, SyntheticRun], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    runs: dict[str, SyntheticRun], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     run = runs["ok"]
     seen = []
 
@@ -226,8 +302,9 @@ def test_status_verdict_from_analysis_without_diagnosis_record(
 # -- report --------------------------------------------------------------------------------------------
 
 
-def test_report_highlights_the_stalled_rank(runs: dict[str, SyntheticRun], capsys: pytest.CaptureFixture[str],
-                                           tmp_path: Path) -> None:
+def test_report_highlights_the_stalled_rank(
+    runs: dict[str, SyntheticRun], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     run = runs["stalled"]
     out_file = tmp_path / "r.html"
     code, out, _ = run_cli(capsys, "report", str(run.path), "-o", str(out_file))
@@ -246,8 +323,9 @@ def test_report_highlights_the_stalled_rank(runs: dict[str, SyntheticRun], capsy
     assert not re.search(r'(src|href)="(https?:)?//', html) and "@import" not in html  # self-contained
 
 
-def test_report_failed_run_shows_the_error(runs: dict[str, SyntheticRun], capsys: pytest.CaptureFixture[str],
-                                          tmp_path: Path) -> None:
+def test_report_failed_run_shows_the_error(
+    runs: dict[str, SyntheticRun], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     code, _, _ = run_cli(capsys, "report", str(runs["failed"].path), "-o", str(tmp_path / "f.html"))
     html = (tmp_path / "f.html").read_text()
     assert code == 0 and 'class="verdict failed">FAILED — tp1 in model.load_weights' in html
@@ -301,8 +379,10 @@ def test_real_run_every_reader(engine_run, capsys: pytest.CaptureFixture[str], t
 
 @requires_sglang
 def test_doctor_on_installed_sglang() -> None:
-    both = ("import sys; from sglang_phasetrace.tracing.cli import main; code = main(['doctor', '--json']); "
-            "print('\\n=====', flush=True); sys.exit(code or main(['doctor']))")  # one import of SGLang
+    both = (
+        "import sys; from sglang_phasetrace.tracing.cli import main; code = main(['doctor', '--json']); "
+        "print('\\n=====', flush=True); sys.exit(code or main(['doctor']))"
+    )  # one import of SGLang
     done = subprocess.run([sys.executable, "-c", both], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     as_json, table = done.stdout.split("\n=====\n")

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import CPU_ENV, ROOT, SCRIPTS
+from conftest import CPU_ENV, ROOT, SCRIPTS, kill_group
 from sglang_phasetrace.tracing.cli import main
 
 # A stand-in launch: records its environment, writes a launcher and two rank journals the way
 # traced processes do (phases begin, then end), and exits with the code it is given.
-FAKE_LAUNCH = r'''
+FAKE_LAUNCH = r"""
 import json, os, sys, time
 from pathlib import Path
 run = Path(os.environ["SGLANG_PHASETRACE_RUN_DIR"])
@@ -49,7 +52,7 @@ if not fail:
     write(1, {"kind": "end", "span": root, "status": "ok"})
 time.sleep(1.0)
 sys.exit(int(sys.argv[2]))
-'''
+"""
 
 
 @pytest.fixture
@@ -100,15 +103,28 @@ def test_run_command_that_cannot_start(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 @pytest.mark.sglang
-def test_run_real_sglang_start(tiny_model: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_real_sglang_start(
+    tiny_model: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     for key, value in CPU_ENV.items():
         monkeypatch.setenv(key, value)
     for key in [k for k in os.environ if k.startswith(("SGLANG_PHASETRACE", "OTEL_", "TRACEPARENT"))]:
         monkeypatch.delenv(key)
     base = tmp_path / "runs"
-    code = main(["run", "--dir", str(base), "--", sys.executable, str(SCRIPTS / "start_engine.py"),
-                 str(tiny_model[0]), "--tp", "2", "--no-generate"])
+    code = main(
+        [
+            "run",
+            "--dir",
+            str(base),
+            "--",
+            sys.executable,
+            str(SCRIPTS / "start_engine.py"),
+            str(tiny_model[0]),
+            "--tp",
+            "2",
+            "--no-generate",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 0, err[-3000:]
     run_dir = only_run_dir(base)
@@ -116,3 +132,122 @@ def test_run_real_sglang_start(tiny_model: tuple[Path, Path], tmp_path: Path, ca
     assert {p.name for p in (run_dir / "journal").iterdir()} and (run_dir / "report.html").is_file()
     for rank in ("tp0", "tp1"):
         assert any(line.split()[1:3] == [rank, "ready"] for line in err.splitlines() if line.startswith("phasetrace:"))
+
+
+# -- phasetrace run never orphans its command, whatever fails inside phasetrace --------------------
+
+
+def test_run_dir_that_is_a_file_is_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = tmp_path / "a-file"
+    base.write_text("")
+    marker = tmp_path / "ran"
+    code = main(["run", "--dir", str(base), "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"])
+    err = capsys.readouterr().err
+    assert code == 1 and f"cannot create a run directory under {base}" in err and "Traceback" not in err
+    assert not marker.exists()
+
+
+def test_a_crashing_summary_is_said_once_and_the_command_still_waited_for(
+    fake_launch: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sglang_phasetrace.tracing.cli import run as run_module
+
+    def summary(*args: object) -> list[str]:
+        raise RuntimeError("rendering bug")
+
+    monkeypatch.setattr(run_module, "summary", summary)
+    base = tmp_path / "runs"
+    tic = time.monotonic()
+    code = main(["run", "--dir", str(base), "--interval", "0.2", "--", sys.executable, str(fake_launch), "ok", "5"])
+    err = capsys.readouterr().err
+    assert code == 5 and time.monotonic() - tic >= 2.5  # the command ran to its own end
+    assert err.count("internal error") == 1 and "RuntimeError('rendering bug')" in err, err
+    assert "still waiting for the command" in err  # it failed at the ready milestone, 1 s before the exit
+    run_dir = only_run_dir(base)
+    assert (run_dir / "report.html").stat().st_size > 0  # the files are still written
+
+
+def test_a_crashing_live_view_stops_but_the_command_runs_to_its_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sglang_phasetrace.tracing.cli import run as run_module
+
+    monkeypatch.setattr(run_module.Run, "look", lambda *a, **k: 1 / 0)
+    marker = tmp_path / "done"
+    script = f"import time, pathlib; time.sleep(2); pathlib.Path({str(marker)!r}).write_text('x')"
+    code = main(["run", "--dir", str(tmp_path / "runs"), "--interval", "0.1", "--", sys.executable, "-c", script])
+    err = capsys.readouterr().err
+    assert code == 0 and marker.exists()
+    assert err.count("internal error in the live status: ZeroDivisionError") == 1, err
+
+
+SLEEPER = r"""
+import os, signal, sys, time
+from pathlib import Path
+Path(sys.argv[1]).write_text(str(os.getpid()))
+time.sleep(120)
+"""
+
+
+def start_run(tmp_path: Path, ignore_hup: bool = False) -> tuple[subprocess.Popen, int]:
+    """``phasetrace run`` in its own session (no terminal) over a command that sleeps; returns it and
+    the command's pid."""
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    pid_file = tmp_path / "pid"
+    prelude = "import signal; signal.signal(signal.SIGHUP, signal.SIG_IGN); " if ignore_hup else ""
+    program = (
+        f"{prelude}import sys; from sglang_phasetrace.tracing.cli import main; "
+        f"sys.exit(main(['run', '--quiet', '--dir', {str(tmp_path / 'runs')!r}, '--', sys.executable, "
+        f"{str(tmp_path / 'sleeper.py')!r}, {str(pid_file)!r}]))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", program],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    return proc, int(pid_file.read_text())
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_signal_to_phasetrace_run_goes_to_the_command_and_its_status_comes_back(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    proc, child = start_run(tmp_path)
+    try:
+        proc.send_signal(sig)  # to phasetrace only, as `kill PID` or `docker stop` would
+        code = proc.wait(timeout=30)
+        assert gone(child)
+        assert code == 128 + sig, proc.communicate()  # Python dies of an uncaught SIGINT by SIGINT too
+    finally:
+        kill_group(proc.pid)
+
+
+def test_an_ignored_hangup_stays_ignored(tmp_path: Path) -> None:
+    proc, child = start_run(tmp_path, ignore_hup=True)  # as under nohup
+    try:
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        assert proc.poll() is None and not gone(child)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM and gone(child)
+    finally:
+        kill_group(proc.pid)

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from sglang_phasetrace.tracing import diagnose
 from sglang_phasetrace.tracing.diagnose import Thresholds, analyze, this_host
 from sglang_phasetrace.tracing.keys import ENV_ABORT_AFTER
 from sglang_phasetrace.tracing.rundir import RunView
@@ -59,7 +61,7 @@ class Rank:
 
     def heartbeat(self, ago: float, progress: dict | None = None) -> Rank:
         phases = [{"span": "x", "phase": "p", "progress": progress}] if progress else []
-        self.records.append({"kind": "heartbeat", "t": NOW - int(ago * S), "phases": phases})
+        self.records.append({"kind": "heartbeat", "t": NOW - int(ago * S), "seq": len(self.records), "phases": phases})
         return self
 
     def write(self) -> None:
@@ -81,7 +83,8 @@ def test_straggler_named_with_the_peers_waiting_in_the_collective_it_never_enter
     [f] = findings(tmp_path, *ranks)
     assert (f.kind, f.label, f.phase) == ("straggler", "tp2", "eagle.get_embed_and_head")
     assert set(f.waiting) == {"tp0", "tp1"} and "barrier #2 on group 'tp:0[0,1,2]'" in f.waiting["tp0"]
-    assert "rank tp2 (pid 102) has been in 'eagle.get_embed_and_head'" in f.message
+    # these heartbeats carry no activity figures: named at the plain stall bound, without a verdict on its state
+    assert f.message.startswith("rank tp2 (pid 102) has made no progress in 'eagle.get_embed_and_head' for 45 s")
 
 
 def test_a_rank_still_making_progress_is_not_a_straggler(tmp_path: Path) -> None:
@@ -144,9 +147,12 @@ def test_ready_ranks_are_never_reported(tmp_path: Path) -> None:
     assert findings(tmp_path, r0) == []
 
 
-def _launcher(run: Path, pid: int) -> None:
+def _launcher(run: Path, pid: int, proof: bool = True) -> None:
+    from sglang_phasetrace.tracing import procs
+
+    fingerprint = procs.fingerprint(pid) if proof else {}
     (run / "journal" / f"{this_host()}-{pid}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
-        {"kind": "process", "t": NOW - 300 * S, "pid": pid, "host": this_host(), "resource": {}},
+        {"kind": "process", "t": NOW - 300 * S, "pid": pid, "host": this_host(), "resource": {}, **fingerprint},
         {"kind": "identity", "t": NOW - 300 * S, "label": "launcher", "role": "launcher", "attrs": {}}]))
 
 
@@ -156,6 +162,12 @@ def test_the_watchdog_kills_nothing_unless_abort_after_is_asked(tmp_path: Path, 
     findings(tmp_path, r0, r1)
     launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
+        _launcher(tmp_path, launcher.pid, proof=False)  # an old journal naming that pid: never signalled
+        out = io.StringIO()
+        monkeypatch.setenv(ENV_ABORT_AFTER, "0")
+        Watchdog(tmp_path, TH, out=out, py_spy=False).step(NOW)
+        assert launcher.poll() is None and "nothing signalled" in out.getvalue()
+        monkeypatch.delenv(ENV_ABORT_AFTER)
         _launcher(tmp_path, launcher.pid)
         out = io.StringIO()
         assert Watchdog(tmp_path, TH, out=out, py_spy=False).step(NOW)  # reported, not acted on
@@ -166,3 +178,207 @@ def test_the_watchdog_kills_nothing_unless_abort_after_is_asked(tmp_path: Path, 
         assert f"sending SIGTERM to the launcher (pid {launcher.pid})" in out.getvalue()
     finally:
         launcher.kill()
+
+
+# -- at the default thresholds, on timelines: what each kind of rank looks like beat by beat ---------------------
+
+DEFAULTS = Thresholds()
+T0 = NOW - 400 * S  # the timelines below start here; the stall (or the slow phase) begins at T0 + 100 s
+
+
+class Timeline:
+    """Ranks on a clock: records at absolute times, analysed at any moment with only what was written by then."""
+
+    def __init__(self, run: Path, world: int = 2) -> None:
+        self.run = run
+        self.ranks = [Rank(run, w, ",".join(str(i) for i in range(world))) for w in range(world)]
+        for rank in self.ranks:
+            rank.records = [{**r, "t": T0} for r in rank.records]
+
+    def at(self, world: int, t: float, record: dict) -> None:
+        self.ranks[world].records.append({**record, "t": T0 + int(t * S)})
+
+    def phase(self, world: int, name: str, begin: float, end: float | None = None) -> str:
+        rank = self.ranks[world]
+        rank.n += 1
+        span = f"{world}{rank.n:015d}"
+        self.at(world, begin, {"kind": "begin", "span": span, "parent": f"{world}000000000000001",
+                               "trace": "a" * 32, "name": name, "attrs": {"sglang.phase": name}})
+        if end is not None:
+            self.at(world, end, {"kind": "end", "span": span, "status": "ok", "attrs": {}})
+        return span
+
+    def collective(self, world: int, op: str, seq: int, enter: float, leave: float | None = None,
+                   group: str | None = None) -> None:
+        group = group or f"tp:0[{self.ranks[world].members}]"
+        self.at(world, enter, {"kind": "collective", "edge": "enter", "op": op, "group": group, "seq": seq})
+        if leave is not None:
+            self.at(world, leave, {"kind": "collective", "edge": "exit", "op": op, "group": group, "seq": seq})
+
+    def beats(self, world: int, start: float, stop: float, *, cpu_pct: float = 1.0, state: str = "S",
+              io_bps: float = 0.0, gpu_util: float | None = None, progress=None, span: str = "x") -> None:
+        """Heartbeats every 2 s with these figures; ``progress(t)`` gives a phase progress dict."""
+        t, dt = start, DEFAULTS.heartbeat_s
+        while t < stop:
+            beat = {"kind": "heartbeat", "seq": int(t * 10), "interval_s": dt, "dt_s": dt, "cpu_s": cpu_pct / 100 * dt,
+                    "main": {"state": state, "cpu_s": cpu_pct / 100 * dt}, "io_b": int(io_bps * dt), "majflt": 0,
+                    "child_cpu_s": 0.0, "phases": []}
+            if gpu_util is not None:
+                beat["gpu"] = {"util": gpu_util, "power_w": 300.0 if gpu_util else 90.0}
+            if progress is not None:
+                beat["phases"] = [{"span": span, "phase": "model.weights_iterator", "progress": progress(t)}]
+            self.at(world, t, beat)
+            t += dt
+
+    def analyze(self, t: float, notices: bool = False) -> list:
+        for rank in self.ranks:
+            rank.path.write_text("".join(json.dumps(r) + "\n" for r in sorted(rank.records, key=lambda r: r["t"])
+                                         if r["t"] <= T0 + int(t * S)))
+        return analyze(RunView(self.run).refresh(final=True), T0 + int(t * S), DEFAULTS, notices=notices)
+
+    def first(self, start: float, stop: float, notices: bool = False) -> tuple[float, list]:
+        """The first moment (every 0.5 s) with a finding."""
+        t = start
+        while t <= stop:
+            found = self.analyze(t, notices)
+            if found:
+                return t, found
+            t += 0.5
+        return stop, []
+
+
+def _stall_eagle(tl: Timeline, **tp1) -> None:
+    """tp0 leaves 'eagle.get_embed_and_head' at 100.5 s and waits in barrier #2; tp1 stays in it from 100 s."""
+    for w in (0, 1):
+        tl.phase(w, "model.load_weights", 10, 90)
+        tl.collective(w, "barrier", 1, 95, 95.2)
+    tl.phase(0, "eagle.get_embed_and_head", 100)
+    tl.collective(0, "barrier", 2, 100.5)
+    tl.phase(1, "eagle.get_embed_and_head", 100)
+    tl.beats(0, 1, 300)
+    tl.beats(1, 1, 100, cpu_pct=100, state="R")  # working until the stall
+    tl.beats(1, 101, 300, **tp1)
+
+
+def test_blocked_rank_named_within_15_s_of_the_stall_at_the_defaults(tmp_path: Path) -> None:
+    tl = Timeline(tmp_path)
+    _stall_eagle(tl)  # tp1 after 100 s: asleep, 1 % CPU, no I/O, no GPU figures
+    found_at, [f] = tl.first(100, 200)
+    assert f.kind == "straggler" and f.alarm and (f.label, f.phase) == ("tp1", "eagle.get_embed_and_head")
+    # the watchdog polls every heartbeat: it prints at most one interval after the rule holds
+    assert found_at - 100 + DEFAULTS.heartbeat_s <= 15, found_at
+    assert f.message.startswith("rank tp1 (pid 101) is blocked in 'eagle.get_embed_and_head' for ")
+    assert "(1 % CPU, sleeping; no GPU figures): tp0 waits in barrier #2 on group 'tp:0[0,1]' since" in f.message
+    assert f.doing.startswith("blocked") and set(f.waiting) == {"tp0"}
+    assert [g.key for g in tl.analyze(found_at + 30)] == [f.key]  # the same stall keeps its key: reported once
+
+
+def test_blocked_on_the_gpu_is_busy_and_a_spinning_collective_is_still_blocked(tmp_path: Path) -> None:
+    tl = Timeline(tmp_path)
+    _stall_eagle(tl, gpu_util=97)  # host asleep, GPU working: it computes
+    assert tl.first(100, 159)[1] == [] and tl.first(100, 159, notices=True)[1] == []
+    [f] = tl.analyze(165, notices=True)
+    assert f.kind == "busy" and not f.alarm and "GPU 97 % util, 300 W" in f.message
+    tl = Timeline(tmp_path / "spin")
+    _stall_eagle(tl, gpu_util=100)
+    tl.collective(1, "all_reduce", 1, 100.2, group="ep:0[0,1]")  # tp1 in another group's collective: NCCL spins
+    found_at, found = tl.first(100, 200)  # tp0 never entered that all-reduce: named too (a cross wait)
+    f = next(f for f in found if f.label == "tp1")
+    assert f.kind == "straggler" and found_at <= 113 and "itself in all_reduce #1" in f.message
+
+
+def test_busy_rank_is_not_named_before_the_busy_bound_and_never_stuck(tmp_path: Path) -> None:
+    tl = Timeline(tmp_path)
+    _stall_eagle(tl, cpu_pct=100, state="R")  # computing, no progress counters
+    assert tl.first(100, 100 + DEFAULTS.busy_s - 1, notices=True)[1] == []
+    found_at, [f] = tl.first(100, 300, notices=True)
+    assert f.kind == "busy" and not f.alarm and found_at - 100 <= DEFAULTS.busy_s + 2
+    assert f.message.startswith("rank tp1 (pid 101) is busy, not stuck, in 'eagle.get_embed_and_head'")
+    assert "100 % CPU, running" in f.message and "tp0 waits in barrier #2" in f.message
+    assert tl.first(100, 299)[1] == []  # no alarm at all, however long (no_progress included)
+
+
+def test_reading_weights_without_counters_is_busy_not_blocked(tmp_path: Path) -> None:
+    tl = Timeline(tmp_path)
+    _stall_eagle(tl, cpu_pct=3, state="D", io_bps=200 * 2**20)
+    assert tl.first(100, 159)[1] == []
+    [f] = tl.analyze(170, notices=True)
+    assert f.kind == "busy" and "I/O 200.0 MiB/s" in f.message and "disk-sleep" in f.message
+
+
+def test_slow_rank_with_moving_counters_gets_an_estimate_never_a_stall(tmp_path: Path) -> None:
+    tl = Timeline(tmp_path)
+    for w in (0, 1):
+        tl.phase(w, "model.load_weights", 10)
+    tl.phase(0, "model.weights_iterator", 11, 20)
+    tl.phase(0, "model.load_weights.done", 21, 22)
+    tl.collective(0, "barrier", 1, 22)  # tp0 loaded its 64 shards in 10 s and waits
+    span = tl.phase(1, "model.weights_iterator", 11)
+    shards = lambda t: {"done": int((t - 11) / 33), "total": 64, "unit": "shards", "tensors": int(t - 11)}  # noqa: E731
+    for k in range(1, 12):  # the shard_loaded events the weights iterator journals
+        tl.at(1, 11 + 33 * k, {"kind": "event", "span": span, "name": "shard_loaded",
+                               "attrs": {"done": k, "total": 64}})
+    tl.beats(0, 1, 400)
+    tl.beats(1, 1, 400, cpu_pct=2, state="D", progress=shards, span=span)  # a shard every 33 s, a tensor a second
+    assert tl.first(12, 398)[1] == []  # never an alarm
+    [f] = tl.analyze(300, notices=True)
+    assert f.kind == "slow" and not f.alarm and f.label == "tp1"
+    assert "is slow, not stuck: loading shards 8/64 at 1.8 shards/min, ~31 min left" in f.message
+    assert "tp0 waits in barrier #1" in f.message
+    assert f.key == tl.analyze(380, notices=True)[0].key  # one notice per phase
+
+
+def test_silent_rank_after_three_missed_beats(tmp_path: Path) -> None:
+    tl = Timeline(tmp_path)
+    _stall_eagle(tl)
+    tl.ranks[1].records = [r for r in tl.ranks[1].records if r["kind"] != "heartbeat" or r["t"] <= T0 + 101 * S]
+    found_at, found = tl.first(100, 200)
+    [f] = [f for f in found if f.kind == "silent"]
+    assert f.label == "tp1" and found_at - 101 == pytest.approx(DEFAULTS.silent_s, abs=0.5)
+    assert "is silent: no heartbeat for 8 s (GIL held or process stopped), in 'eagle.get_embed_and_head'" in f.message
+    assert "tp0 waits in barrier #2" in f.message
+    assert [g.kind for g in tl.analyze(found_at + 60)] == ["silent"]  # not named twice (silent, then straggler)
+
+
+def test_thresholds_from_env_keep_their_names(monkeypatch) -> None:
+    assert Thresholds.from_env() == DEFAULTS
+    monkeypatch.setenv("SGLANG_PHASETRACE_HEARTBEAT_S", "5")
+    monkeypatch.setenv("SGLANG_PHASETRACE_STALL_S", "12")
+    monkeypatch.setenv("SGLANG_PHASETRACE_NO_PROGRESS_S", "50")
+    th = Thresholds.from_env()
+    assert (th.heartbeat_s, th.silent_s, th.stall_s, th.no_progress_s, th.blocked_s) == (5, 20, 12, 50, 20)
+    assert th.blocked_bound == 12 and th.busy_bound == 60
+    monkeypatch.setenv("SGLANG_PHASETRACE_SILENT_S", "7")
+    monkeypatch.setenv("SGLANG_PHASETRACE_BLOCKED_S", "6")
+    monkeypatch.setenv("SGLANG_PHASETRACE_BUSY_S", "90")
+    assert Thresholds.from_env() == Thresholds(5, 7, 12, 50, 6, 90)
+
+
+@pytest.mark.sglang
+def test_a_healthy_tp2_start_replayed_beat_by_beat_raises_nothing(engine_run, tmp_path: Path, monkeypatch) -> None:
+    """The real tp=2 start (default heartbeat), replayed: analysed before every heartbeat and halfway to the next,
+    with only the records written by then, as the live watchdog would see it. Nothing, not even a notice."""
+    monkeypatch.setattr(diagnose, "this_host", lambda: "replay")  # the processes have exited; don't ask the OS
+    records = []  # (when it was written: no earlier than any record before it in its file, record, file)
+    for path in sorted((engine_run.run_dir / "journal").glob("*.jsonl")):
+        written_at = 0
+        for line in filter(str.strip, path.read_text().splitlines()):
+            record = json.loads(line)
+            written_at = max(written_at, record["t"])  # a span's begin may carry an earlier start (rank.bootstrap)
+            records.append((written_at, record, path.name))
+    records.sort(key=lambda item: item[0])
+    beats = [r["t"] for _, r, _ in records if r["kind"] == "heartbeat"]
+    assert len(beats) >= 5
+    replay = tmp_path / "replay"
+    (replay / "journal").mkdir(parents=True)
+    # just before each beat and halfway to the next: not inside the microseconds between two records written
+    # together (rank.bootstrap's begin, backdated to process start, and its end)
+    view, written, moments = RunView(replay), 0, sorted({*(t - 1 for t in beats), *(t + S for t in beats)})
+    for now in moments:
+        while written < len(records) and records[written][0] <= now:
+            _, record, name = records[written]
+            with open(replay / "journal" / name, "a") as f:
+                f.write(json.dumps(record) + "\n")
+            written += 1
+        found = analyze(view.refresh(), now, DEFAULTS, notices=True)
+        assert found == [], (now - beats[0]) / S

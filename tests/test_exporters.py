@@ -88,3 +88,34 @@ def test_a_traced_process_exits_promptly_with_a_dead_collector(dead_endpoint: st
     assert time.monotonic() - start < 8, "exit waited on the collector"
     journal = next((tmp_path / "run" / "journal").iterdir()).read_text()
     assert '"status":"incomplete"' in journal
+
+
+def test_a_refused_collector_is_one_warning_naming_the_endpoint(monkeypatch, caplog) -> None:
+    """Nothing listens: the SDK's own retry/failure lines (unprefixed, every few seconds) are not
+    shown for our exporter; one line of ours names the endpoint (credentials redacted) and says how
+    to send the journal later."""
+    import logging
+
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: connections are refused
+    endpoint = f"http://user:hunter2pass@127.0.0.1:{port}"
+    monkeypatch.setattr(exporters, "COLLECTOR", exporters.Collector())
+    watched = exporters.Watched(OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces", timeout=1), endpoint)
+    tracer = TracerProvider(id_generator=PrivateIdGenerator()).get_tracer("t")
+    spans = []
+    for _ in range(3):
+        span = tracer.start_span("phase")
+        span.end()
+        spans.append(span)
+    with caplog.at_level(logging.DEBUG):
+        for span in spans:
+            watched.export([span])
+    ours = [r.getMessage() for r in caplog.records if r.getMessage().startswith("sglang-phasetrace:")]
+    sdk = [r for r in caplog.records if r.name.startswith("opentelemetry") and r.levelno >= logging.WARNING]
+    assert len(ours) == 1 and f"127.0.0.1:{port}" in ours[0] and "phasetrace export RUN_DIR --endpoint" in ours[0]
+    assert "hunter2pass" not in ours[0]
+    assert sdk == []

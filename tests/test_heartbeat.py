@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -27,11 +29,39 @@ def test_heartbeat_says_where_the_process_is(trace_run_dir: Path) -> None:
     assert record["collectives"]["tp:0[0,1]"] >= 1
     assert record["rss"] > 0 and record["threads"] >= 2 and record["cpu_s"] >= 0
     assert "gpu" not in record  # no NVIDIA driver here: absent, not faked
+    assert record["main"]["state"] in "RSD" and record["dt_s"] >= 0 and record["io_b"] >= 0
+    assert record["majflt"] >= 0 and record["child_cpu_s"] >= 0
     collectives.exit(entry)
     inner.end()
     outer.end()
     journaled = [hb for p in load_run(trace_run_dir).processes for hb in p.heartbeats]
     assert journaled and journaled[-1]["seq"] == record["seq"]
+
+
+def test_heartbeat_says_what_the_main_thread_and_its_children_did(trace_run_dir: Path) -> None:
+    """The figures the watchdog tells "blocked" from "busy" with: this (main) thread's CPU, a child's CPU."""
+    spans.start_phase("graph.capture", {"sglang.phase": "graph.capture"})
+    beat = heartbeat._current
+    beat.record()
+    deadline = time.thread_time() + 0.3
+    while time.thread_time() < deadline:  # the main thread computes
+        pass
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    subprocess.run([sys.executable, "-c", burn], check=True)
+    record = beat.record()
+    assert record["main"]["cpu_s"] >= 0.25 and record["cpu_s"] >= record["main"]["cpu_s"] - 0.02
+    assert record["child_cpu_s"] >= 0.25  # CPU spent in a process the main thread started (a compiler, say)
+    time.sleep(0.3)
+    idle = beat.record()
+    assert idle["main"]["cpu_s"] < 0.05 and idle["child_cpu_s"] == 0 and 0.25 < idle["dt_s"] < 2
+
+
+def test_heartbeat_carries_gpu_figures_where_nvml_answers(trace_run_dir: Path, stand_in_nvml, monkeypatch) -> None:
+    spans.start_phase("kv_cache.alloc", {"sglang.phase": "kv_cache.alloc"})
+    beat = heartbeat._current
+    monkeypatch.setitem(beat.rt.identity.ranks, "gpu", 0)
+    record = beat.record()
+    assert record["gpu"]["util"] == 0 and record["gpu"]["power_w"] == 118.0  # what diagnose reads as "GPU idle"
 
 
 @pytest.fixture

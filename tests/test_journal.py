@@ -22,8 +22,15 @@ def rec(kind: str, t: int, **fields) -> dict:
 GOOD = [
     rec("process", 1, v=1, pid=42, host="h", run_id="r", boot_t=0, resource={}),
     rec("begin", 2, span="a" * 16, parent=None, trace="f" * 32, name="rank tp0", attrs={"sglang.phase": "rank"}),
-    rec("begin", 3, span="b" * 16, parent="a" * 16, trace="f" * 32, name="kv_cache.alloc",
-        attrs={"sglang.phase": "kv_cache.alloc"}),
+    rec(
+        "begin",
+        3,
+        span="b" * 16,
+        parent="a" * 16,
+        trace="f" * 32,
+        name="kv_cache.alloc",
+        attrs={"sglang.phase": "kv_cache.alloc"},
+    ),
     rec("end", 4, span="b" * 16, status="ok", attrs={"sglang.max_total_num_tokens": 4096}),
 ]
 
@@ -98,15 +105,18 @@ def test_corrupt_line_reported_once_as_file_line_and_the_rest_used(tmp_path):
 
 def test_unusable_records_each_reported_with_their_line(tmp_path):
     path = tmp_path / "run" / "journal" / "h-42.jsonl"
-    write_lines(path, [
-        journal_lines(GOOD)[0],
-        "\n",  # blank: skipped, not a problem
-        b'{"kind": "begin", "t": 2, "name": "\xff\xfe"}\n',  # not UTF-8
-        '["a", "list"]\n',
-        '{"kind": "gossip", "t": 3}\n',  # unknown kind
-        '{"kind": "begin", "t": "3"}\n',  # t not an integer
-        *journal_lines(GOOD[1:]),
-    ])
+    write_lines(
+        path,
+        [
+            journal_lines(GOOD)[0],
+            "\n",  # blank: skipped, not a problem
+            b'{"kind": "begin", "t": 2, "name": "\xff\xfe"}\n',  # not UTF-8
+            '["a", "list"]\n',
+            '{"kind": "gossip", "t": 3}\n',  # unknown kind
+            '{"kind": "begin", "t": "3"}\n',  # t not an integer
+            *journal_lines(GOOD[1:]),
+        ],
+    )
     run = load_run(tmp_path / "run")
     lines = sorted(int(p.split(":")[1]) for p in run.problems)
     assert lines == [3, 4, 5, 6]
@@ -118,8 +128,18 @@ def test_unusable_records_each_reported_with_their_line(tmp_path):
 def test_one_broken_journal_does_not_hide_the_others(tmp_path):
     run = tmp_path / "run"
     write_lines(run / "journal" / "h-42.jsonl", journal_lines(GOOD))
-    write_lines(run / "journal" / "h-43.jsonl", ["this is not json\n", *journal_lines(
-        [dict(GOOD[0], pid=43), rec("begin", 7, span="c" * 16, parent="a" * 16, trace="f" * 32, name="x", attrs={})])])
+    write_lines(
+        run / "journal" / "h-43.jsonl",
+        [
+            "this is not json\n",
+            *journal_lines(
+                [
+                    dict(GOOD[0], pid=43),
+                    rec("begin", 7, span="c" * 16, parent="a" * 16, trace="f" * 32, name="x", attrs={}),
+                ]
+            ),
+        ],
+    )
     view = load_run(run)
     assert sorted(p.pid for p in view.processes) == [42, 43]
     [problem] = view.problems  # the parser's own words follow the file:line
@@ -151,3 +171,23 @@ def test_journal_of_a_process_killed_mid_phase(tmp_path):
     assert by_phase["kv_cache.alloc"].status == "open" and by_phase["kv_cache.alloc"].end is None
     assert by_phase["rank"].status == "open"
     assert proc.current.phase == "kv_cache.alloc"
+
+
+def test_exit_records_land_on_the_process_they_name(tmp_path):
+    """A watcher's ``exit`` record (how a process ended) lands on the process it is about; an idle
+    helper process (no phases, role ``process``) is not listed."""
+    from sglang_phasetrace.tracing import records
+
+    run = tmp_path / "run"
+    launcher = run / "journal" / "h-1.jsonl"
+    write_lines(launcher, journal_lines([records.process(1, 1, 0, "h", "run", 0, {}),
+                                         records.identity(1, "launcher", "launcher", {})]))
+    write_lines(run / "journal" / "h-43.jsonl",
+                journal_lines([records.process(3, 43, 1, "h", "run", 0, {}), records.identity(3, "tp1", "rank", {})]))
+    write_lines(run / "journal" / "h-44.jsonl", journal_lines([records.process(3, 44, 1, "h", "run", 0, {})]))
+    view = RunView(run).refresh()
+    assert [p.pid for p in view.processes] == [1, 43]
+    with open(launcher, "a") as f:
+        f.write(dumps(records.exit(9, 43, "h", "tp1", None, "SIGKILL")) + "\n")
+    (tp1,) = view.refresh().ranks
+    assert tp1.exit["signal"] == "SIGKILL" and view.problems == []

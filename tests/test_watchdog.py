@@ -70,6 +70,10 @@ def watch_until_finding(run_dir: Path, thresholds: Thresholds, timeout: float) -
     raise AssertionError(f"no finding within {timeout} s")
 
 
+def dog_step(run_dir: Path, th: Thresholds) -> list:
+    return Watchdog(run_dir, th, out=sys.stderr, py_spy=False).step()
+
+
 def _rank(run_dir: Path, world_rank: int):
     return next(p for p in load_run(run_dir).processes if p.identity.get("sglang.world_rank") == world_rank)
 
@@ -93,18 +97,48 @@ def test_straggler_before_model_parallel_groups_named_with_waiters_and_stack(tmp
         stack = Path(finding.stacks[0]).read_text()
         assert "dist_ranks.py" in stack and "in block" in stack and "in planted" in stack
 
-        # the stalled phase is begun and not ended; SIGTERM ends it as incomplete
+        # the stalled phase is begun and not ended; SIGTERM ends the rank at once (no handler of
+        # ours), the phase stays begun-not-ended, and the watchdog names it gone there
         dist_init = next(s for s in straggler.spans.values() if s.phase == "dist.init")
         assert dist_init.status == "open"
         os.kill(straggler.pid, signal.SIGTERM)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and _rank(run_dir, 2).spans[dist_init.span_id].status == "open":
-            time.sleep(0.5)
-        ended = _rank(run_dir, 2).spans[dist_init.span_id]
-        assert ended.status == "incomplete" and "SIGTERM" in ended.error["message"]
+        gone: list = []
+        while time.monotonic() < deadline and not gone:
+            gone = [f for f in dog_step(run_dir, th) if f.kind == "died" and f.pid == straggler.pid]
+            time.sleep(0.2)
+        assert gone and gone[0].phase == "dist.init", gone
+        assert _rank(run_dir, 2).spans[dist_init.span_id].status == "open"
         launched.kill()
     diagnosis_free = [p for p in load_run(run_dir).processes if p.diagnoses]
     assert not diagnosis_free  # the in-process watchdog here records nothing into rank journals
+
+
+def test_blocked_rank_named_within_15_s_at_the_default_settings(tmp_path: Path, tiny_model) -> None:
+    """Nothing set (no SGLANG_PHASETRACE_*_S anywhere): the ranks beat at the default interval and the
+    watchdog passes at it, as in a launcher; the line says what the rank is doing."""
+    run_dir = tmp_path / "run"
+    th = Thresholds()
+    env = hook_env(run_dir.parent, {"SGLANG_PHASETRACE_RUN_DIR": str(run_dir)})
+    proc = subprocess.Popen([sys.executable, *dist_ranks(tiny_model[0], 2, "sleep", 1)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        dog = Watchdog(run_dir, th, out=sys.stderr, py_spy=False)
+        deadline, found = time.monotonic() + 180, []
+        while not found and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(th.heartbeat_s)
+            found = dog.step() if (run_dir / "journal").is_dir() else []
+        found_at = time.time()
+        assert found, proc.stderr.read()[-3000:] if proc.poll() is not None else "no finding in 180 s"
+        [finding] = found
+        stalled = _rank(run_dir, 1)
+        assert (finding.kind, finding.label, finding.pid) == ("straggler", "rank1", stalled.pid)
+        assert found_at - stalled.last_progress_t / 1e9 <= 15, found_at - stalled.last_progress_t / 1e9
+        assert finding.message.startswith("rank rank1 (pid ") and " is blocked in 'dist.init' for " in finding.message
+        assert "% CPU, sleeping" in finding.message and "rank0 waits in new_group" in finding.message
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
 
 
 def test_rank_holding_the_gil_in_c_is_named_silent_with_stack_from_outside(tmp_path: Path, tiny_model) -> None:
@@ -140,7 +174,7 @@ def test_slow_phase_that_keeps_making_progress_is_not_reported(tmp_path: Path, t
             time.sleep(HB / 2)
         _, err = launched.kill()
     assert launched.proc.returncode == 0, err[-3000:]
-    assert findings == []
+    assert [f for f in findings if f.alarm] == []  # not an alarm (an estimate, where notices are shown)
     slow = _rank(run_dir, 1)
     loads = [s for s in slow.spans.values() if s.phase == "model.weights_iterator"]
     assert loads and loads[0].duration_ns() / 1e9 > th.stall_s  # it was slow: longer than the threshold
@@ -177,7 +211,7 @@ def test_eagle_rank_blocked_in_get_embed_and_head_named_by_launcher_watchdog(tmp
     assert "barrier" in diagnosis["waiting"]["tp0"] and "tp:0[0,1]" in diagnosis["waiting"]["tp0"]
     assert "sglang-phasetrace: STALL rank tp1" in err  # the one line on the launcher's stderr
     stack = Path(diagnosis["stacks"][0]).read_text()
-    assert "in get_embed_and_head" in stack and "plants/sitecustomize.py" in stack  # the planted frame
+    assert "get_embed_and_head" in stack and "plants/sitecustomize.py" in stack  # the planted frame (py-spy)
     tp0 = next(p for p in load_run(run_dir).ranks if p.label == "tp0")
     assert tp0.current.phase == "eagle.get_embed_and_head"  # rank 0's state: waiting inside the phase
     stalled = [s for s in snapshots if s.name == "eagle.get_embed_and_head" and s.attrs.get("sglang.tp_rank") == 1]

@@ -1,16 +1,25 @@
-"""Stall analysis over a run directory: which rank stopped, where, and who waits for it.
+"""Stall analysis over a run directory: which rank stopped, where, who waits for it, and what it is doing.
 
 Pure (reads a ``RunView`` and the clock), so the live watchdog, ``phasetrace watch`` and
-``phasetrace status`` share it. Rules, on ranks that are neither ready nor finished:
+``phasetrace status`` share it. On ranks that are neither ready nor finished:
 
-* silent: no heartbeat for ``silent_s`` (dead, stopped, or its Python threads cannot run);
-* straggler: peers wait in a collective this rank has not entered, or this rank is still in a
-  phase all peers have left — and it has made no progress for ``stall_s``;
-* divergence: ranks of one group entered different collectives at the same sequence number;
-* no progress: nothing moved on any rank for ``no_progress_s``.
+* **silent**: no heartbeat for ``silent_s`` (its Python threads cannot run: GIL held in C, or the
+  process is stopped or dead);
+* **straggler**: peers wait in a collective this rank never entered and it made no progress —
+  named after ``blocked_s`` when its own heartbeats agree that it waits (asleep, no CPU, no I/O,
+  no GPU work, no child at work): "blocked"; after ``stall_s`` when they cannot say (no figures).
+  A rank still in a phase all peers left, without progress, is named after ``stall_s``;
+* **divergence**: ranks of one group entered different collectives at the same sequence number;
+* **no progress**: nothing moved on any rank for ``no_progress_s``.
 
-Progress is any phase begin/end/event, collective, or a heartbeat whose phase progress changed
-(shards loaded, shapes captured): a slow phase that keeps moving is not stuck.
+Not alarms (``Finding.alarm`` is False; returned with ``notices=True``, once per phase by key):
+
+* **busy**: peers wait, the rank makes no progress but works (CPU, I/O, GPU, a child process) —
+  it may be computing legitimately: said after ``busy_s``, never called stuck;
+* **slow**: peers wait on a rank whose progress counters move (shards loaded, graph shapes
+  captured): an estimate, never a stall.
+
+Progress is any phase begin/end/event, collective, or a heartbeat whose phase progress changed.
 """
 
 from __future__ import annotations
@@ -27,18 +36,29 @@ from .rundir import ProcessRec, RunView
 NS = 1_000_000_000
 _P2P = {"send", "recv", "send_object", "recv_object", "send_tensor_dict", "recv_tensor_dict"}  # paired, not divergent
 _MEMBERS = re.compile(r"\[(\d+(?:,\d+)*)\]$")
+ALARMS = frozenset({"silent", "straggler", "divergence", "no_progress"})
+# What counts as working, per heartbeat interval (a rank blocked in gloo/NCCL uses ~1 % of a core).
+CPU_BUSY_PCT, GPU_BUSY_PCT, IO_BUSY_BPS, MAJFLT_BUSY = 25.0, 10.0, 64 * 1024, 8
+_STATES = {"R": "running", "S": "sleeping", "D": "disk-sleep", "T": "stopped", "t": "traced", "Z": "zombie",
+           "I": "idle"}
 
 
 @dataclass(frozen=True)
 class Thresholds:
-    heartbeat_s: float = 5.0
-    silent_s: float = 15.0  # no heartbeat for this long
-    stall_s: float = 30.0  # no progress while peers wait / moved on
+    """Seconds. Defaults name a blocked rank ~10 s after its peers start waiting for it (beat 2 s:
+    ≈ 0.03 % of a core per rank), a silent one ~10 s after its last beat."""
+
+    heartbeat_s: float = 2.0
+    silent_s: float = 8.0  # no heartbeat this long: 3 beats missed (default: 4 heartbeats)
+    stall_s: float = 30.0  # no progress while peers wait / moved on, the rank's own figures unknown
     no_progress_s: float = 120.0  # nothing anywhere
+    blocked_s: float = 8.0  # no progress while peers wait, and its heartbeats say it waits (capped at stall_s)
+    busy_s: float = 60.0  # no progress while peers wait, and it works: "busy", not an alarm (at least stall_s)
 
     @classmethod
     def from_env(cls) -> Thresholds:
-        """``SGLANG_PHASETRACE_{HEARTBEAT,SILENT,STALL,NO_PROGRESS}_S``; silent defaults to 3 beats."""
+        """``SGLANG_PHASETRACE_{HEARTBEAT,SILENT,STALL,NO_PROGRESS,BLOCKED,BUSY}_S``; silent defaults to
+        4 beats (3 missed)."""
         def num(name: str, default: float) -> float:
             try:
                 return float(os.environ.get(keys.ENV_SECONDS.format(name), default))
@@ -46,26 +66,41 @@ class Thresholds:
                 return default
 
         hb = num("HEARTBEAT", cls.heartbeat_s)
-        return cls(hb, num("SILENT", max(3 * hb, 2.0)), num("STALL", cls.stall_s),
-                   num("NO_PROGRESS", cls.no_progress_s))
+        return cls(hb, num("SILENT", max(4 * hb, 2.0)), num("STALL", cls.stall_s),
+                   num("NO_PROGRESS", cls.no_progress_s), num("BLOCKED", max(cls.blocked_s, 4 * hb)),
+                   num("BUSY", cls.busy_s))
+
+    @property
+    def blocked_bound(self) -> float:
+        return min(self.blocked_s, self.stall_s)
+
+    @property
+    def busy_bound(self) -> float:
+        return max(self.busy_s, self.stall_s)
 
 
 @dataclass
 class Finding:
-    kind: str  # "silent" | "straggler" | "divergence" | "no_progress"
+    kind: str  # alarms: "silent" | "straggler" | "divergence" | "no_progress"; notices: "busy" | "slow"
     label: str  # the rank it names, e.g. "tp1"
     pid: int
     phase: str | None
     since_s: float
-    message: str  # the one-line diagnosis
+    message: str  # the one-line diagnosis, verdict first
     waiting: dict[str, str] = field(default_factory=dict)  # peer label -> what it waits in
     stacks: list[str] = field(default_factory=list)  # stack dump paths, when taken
     pids: list[int] = field(default_factory=list)  # every process involved (named rank first)
+    doing: str = ""  # what the named rank does, in words ("blocked (0 % CPU, sleeping; no GPU figures)")
 
     @property
     def key(self) -> tuple:
-        """Same stall, same key: the watchdog reports each once."""
+        """Same stall, same key: the watchdog reports each once (a notice: once per phase)."""
         return (self.kind, self.label, self.phase)
+
+    @property
+    def alarm(self) -> bool:
+        """False for notices (busy, slow): a rank that works or progresses is not stuck."""
+        return self.kind not in ("busy", "slow")
 
 
 def this_host() -> str:
@@ -89,24 +124,29 @@ def _world_rank(proc: ProcessRec) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def _where(proc: ProcessRec, now: int) -> tuple[str | None, str]:
-    """(phase, "in 'x' for N s") of the innermost open phase, or after which one it idles."""
+def _where(proc: ProcessRec, now: int) -> tuple[str | None, str, float | None]:
+    """(phase, "in 'x'" or where it idles, seconds in that phase) of the innermost open phase."""
     span = proc.current
     if span is not None:
-        return span.phase, f"in '{span.phase}' for {(now - span.start) / NS:.0f} s"
+        return span.phase, f"in '{span.phase}'", (now - span.start) / NS
     ended = [s for s in proc.spans.values() if s.end is not None]
     if ended:
         last = max(ended, key=lambda s: s.end or 0)
-        return None, f"between phases ('{last.phase}' ended {(now - (last.end or now)) / NS:.0f} s ago)"
-    return None, "before its first phase"
+        return None, f"between phases ('{last.phase}' ended {(now - (last.end or now)) / NS:.0f} s ago)", None
+    return None, "before its first phase", None
 
 
-def _heartbeat_t(run: RunView, proc: ProcessRec) -> int:
-    times = [hb["t"] for hb in proc.heartbeats]
+def _beats(run: RunView, proc: ProcessRec) -> list[dict[str, Any]]:
+    """Its latest heartbeats, oldest first: the journal's few and the status file's (fresher)."""
+    beats = {hb["t"]: hb for hb in proc.heartbeats}
     status = run.status_file(proc)
     if status and isinstance(status.get("t"), int):
-        times.append(status["t"])
-    return max(times) if times else proc.last_t
+        beats[status["t"]] = status
+    return [beats[t] for t in sorted(beats)]
+
+
+def _heartbeat_t(beats: list[dict[str, Any]], proc: ProcessRec) -> int:
+    return beats[-1]["t"] if beats else proc.last_t
 
 
 def _wait_text(coll: dict[str, Any], now: int) -> str:
@@ -119,29 +159,143 @@ def _initialising(proc: ProcessRec) -> bool:
     return root.status == "open" if root is not None else bool(proc.open_spans)
 
 
-def analyze(run: RunView, now_ns: int, thresholds: Thresholds | None = None) -> list[Finding]:
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+# -- what a rank is doing, from its heartbeats --------------------------------------------------------------
+
+
+@dataclass
+class Doing:
+    state: str  # "blocked" | "busy" | "unknown"
+    text: str  # the figures, e.g. "0 % CPU, sleeping; no GPU figures"
+
+
+def doing(beats: list[dict[str, Any]], since_t: int, now: int, th: Thresholds, in_collective: bool) -> Doing:
+    """Blocked when every recent heartbeat since ``since_t`` (at least two, the last fresh) shows no
+    work: under 25 % of a core, no I/O, no major faults, no child at work, the GPU idle (ignored
+    while the rank itself waits in a collective: NCCL spins). Busy when any shows work."""
+    tol = th.heartbeat_s / 4 * NS
+    window = [b for b in beats if b["t"] >= now - th.blocked_bound * NS - tol
+              and b["t"] - (_num(b.get("dt_s")) or th.heartbeat_s) * NS >= since_t - tol
+              and isinstance(b.get("main"), dict) and _num(b.get("dt_s"))]
+    fresh = bool(window) and (now - window[-1]["t"]) / NS <= 2 * th.heartbeat_s + 1
+    if len(window) < 2 or not fresh:
+        return Doing("unknown", "no heartbeat figures since it stopped progressing")
+    busy: list[str] = []
+    cpu = io = faults = child = 0.0
+    gpu: list[dict[str, Any]] = []
+    for b in window:
+        dt = _num(b["dt_s"]) or th.heartbeat_s
+        cpu = max(cpu, 100 * max(_num(b.get("cpu_s")) or 0.0, _num(b["main"].get("cpu_s")) or 0.0) / dt)
+        io, faults = max(io, (_num(b.get("io_b")) or 0.0) / dt), max(faults, _num(b.get("majflt")) or 0.0)
+        child = max(child, 100 * (_num(b.get("child_cpu_s")) or 0.0) / dt)
+        if isinstance(b.get("gpu"), dict):
+            gpu.append(b["gpu"])
+    if cpu >= CPU_BUSY_PCT:
+        busy.append("cpu")
+    if io >= IO_BUSY_BPS or faults >= MAJFLT_BUSY:
+        busy.append("io")
+    if child >= CPU_BUSY_PCT:
+        busy.append("child")
+    util = max((_num(g.get("util")) or 0.0 for g in gpu), default=None)
+    if util is not None and util >= GPU_BUSY_PCT and not in_collective:
+        busy.append("gpu")
+    parts = [f"{cpu:.0f} % CPU", _STATES.get(str(window[-1]["main"].get("state")), "state unknown")]
+    if "io" in busy:
+        parts.append(f"I/O {io / 2**20:.1f} MiB/s, {faults:.0f} page faults per beat")
+    if "child" in busy:
+        parts.append(f"child processes {child:.0f} % CPU")
+    if gpu:
+        last = gpu[-1]
+        power = _num(last.get("power_w"))
+        gpu_text = f"GPU {util:.0f} % util" + (f", {power:.0f} W" if power is not None else "")
+    else:
+        gpu_text = "no GPU figures"
+    return Doing("busy" if busy else "blocked", f"{', '.join(parts)}; {gpu_text}")
+
+
+# -- progress counters ------------------------------------------------------------------------------------
+
+_VERBS = {"shards": "loading shards", "shapes": "capturing graph shapes"}
+
+
+def progress_estimate(proc: ProcessRec, beats: list[dict[str, Any]], now: int) -> str | None:
+    """"loading shards 41/64 at 1.8 shards/min, ~13 min left" from its open phases' progress
+    (heartbeats and ``done``/``total`` events); None when none of its open phases counts."""
+    points: list[tuple[int, float, float, str]] = []  # (t, done, total, unit)
+    open_ids = {s.span_id for s in proc.open_spans}
+    for span in proc.spans.values():
+        if span.span_id in open_ids:  # step events (shard_loaded k/N), the phase's start as step 0
+            steps = [(ev["t"], _num(ev["attrs"].get("done")), _num(ev["attrs"].get("total"))) for ev in span.events]
+            steps = [(t, done, total) for t, done, total in steps if done is not None and total]
+            if steps and steps[0][1] == 1:
+                steps.insert(0, (span.start, 0.0, steps[0][2]))
+            points += [(t, done, total, "shards") for t, done, total in steps]
+        elif span.end is not None and span.parent_id in open_ids:  # a finished step: a graph shape captured
+            done, total = _num(span.attrs.get("sglang.shape_index")), _num(span.attrs.get("sglang.capture_shapes"))
+            if done is not None and total:
+                points.append((span.end, done, total, "shapes"))
+    for b in beats:
+        for item in b.get("phases") or ():
+            prog = item.get("progress") if isinstance(item, dict) else None
+            if not isinstance(prog, dict) or (item.get("span") not in open_ids and b is not beats[-1]):
+                continue
+            done, total = _num(prog.get("done")), _num(prog.get("total"))
+            if done is not None and total:
+                points.append((b["t"], done, total, str(prog.get("unit") or "steps")))
+    if not points:
+        return None
+    points.sort()
+    _, done, total, unit = points[-1]
+    same = [p for p in points if p[2] == total and p[3] == unit]
+    first = next((p for p in same if p[1] < done), None)
+    text = f"{_VERBS.get(unit, unit)} {done:.0f}/{total:.0f}"
+    if first is None:
+        return text
+    reached = next(p[0] for p in same if p[1] >= done)  # when it got there: the rate of whole steps
+    per_s = (done - first[1]) / max((reached - first[0]) / NS, 1e-3)
+    left = (total - done) / per_s
+    return f"{text} at {per_s * 60:.1f} {unit}/min, ~{_duration(left)} left"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 else \
+        f"{seconds / 3600:.1f} h"
+
+
+# -- the rules --------------------------------------------------------------------------------------------
+
+
+def analyze(run: RunView, now_ns: int, thresholds: Thresholds | None = None, *,
+            notices: bool = False) -> list[Finding]:
+    """Alarms first-found order; with ``notices``, also ``busy`` and ``slow`` (not alarms)."""
     th = thresholds or Thresholds()
     ranks = [p for p in run.processes if p.role == "rank"]
     active = [p for p in ranks if _initialising(p) and process_state(p) not in ("exited", "zombie")]
     if not active:
         return []
     findings: list[Finding] = []
-    stalled = [p for p in active if (now_ns - p.last_progress_t) / NS >= th.stall_s]
-    by_world = {w: p for p in ranks if (w := _world_rank(p)) is not None}
-
-    for p in active:  # silent
-        age = (now_ns - _heartbeat_t(run, p)) / NS
+    beats = {p.pid: _beats(run, p) for p in active}
+    silent = set()
+    for p in active:
+        age = (now_ns - _heartbeat_t(beats[p.pid], p)) / NS
         if age >= th.silent_s:
-            phase, where = _where(p, now_ns)
-            findings.append(Finding(
-                "silent", p.label, p.pid, phase, age,
-                f"rank {p.label} (pid {p.pid}) is silent: no heartbeat for {age:.0f} s, process "
-                f"{process_state(p)}, {where}", pids=[p.pid]))
+            silent.add(p.pid)
+            findings.append(_silent(p, age, active, now_ns, th))
 
-    findings += _stragglers(active, stalled, ranks, by_world, now_ns, th)
+    by_world = {w: p for p in ranks if (w := _world_rank(p)) is not None}
+    for s in active:
+        if s.pid not in silent:
+            finding = _waited_on(run, s, beats[s.pid], active, ranks, by_world, now_ns, th)
+            if finding is not None:
+                findings.append(finding)
     findings += _divergence(ranks)
 
-    if len(stalled) == len(active) and not any(f.kind in ("straggler", "divergence") for f in findings):
+    stalled = [p for p in active if (now_ns - p.last_progress_t) / NS >= th.stall_s]
+    explained = ("straggler", "divergence", "busy", "slow")  # a busy or progressing rank is not "nothing moved"
+    if len(stalled) == len(active) and not any(f.kind in explained for f in findings):
         quiet = min((now_ns - p.last_progress_t) / NS for p in active)
         if quiet >= th.no_progress_s:
             places = "; ".join(f"{p.label} {_where(p, now_ns)[1]}" for p in active)
@@ -149,46 +303,88 @@ def analyze(run: RunView, now_ns: int, thresholds: Thresholds | None = None) -> 
             findings.append(Finding("no_progress", first.label, first.pid, _where(first, now_ns)[0], quiet,
                                     f"no progress on any rank for {quiet:.0f} s: {places}",
                                     pids=[p.pid for p in active]))
-    return findings
+    return findings if notices else [f for f in findings if f.alarm]
 
 
-def _stragglers(active: list[ProcessRec], stalled: list[ProcessRec], ranks: list[ProcessRec],
-                by_world: dict[int, ProcessRec], now: int, th: Thresholds) -> list[Finding]:
-    findings = []
-    for s in stalled:
-        waiting: dict[str, str] = {}
-        for peer in active:
-            coll = peer.waiting_in
-            if peer is s or coll is None or (now - coll["t"]) / NS < th.stall_s:
-                continue
-            members = _MEMBERS.search(coll["group"])
-            world = _world_rank(s)
-            if members and world is not None and str(world) not in members.group(1).split(","):
-                continue  # s is not in that group
-            if s.coll_counts.get(coll["group"], 0) < coll["seq"]:
-                waiting[peer.label] = _wait_text(coll, now)
-        phase, where = _where(s, now)
-        left = _peers_left(s, ranks) if phase else []
-        if not waiting and not left:
+def _waiters(s: ProcessRec, active: list[ProcessRec], now: int, min_wait_s: float) -> dict[str, dict[str, Any]]:
+    """Peers waiting at least ``min_wait_s`` in a collective of a group ``s`` belongs to and never entered."""
+    waiting = {}
+    world = _world_rank(s)
+    for peer in active:
+        coll = peer.waiting_in
+        if peer is s or coll is None or (now - coll["t"]) / NS < min_wait_s:
             continue
-        quiet = (now - s.last_progress_t) / NS
-        by_wait: dict[str, list[str]] = {}
-        for label, text in waiting.items():
-            by_wait.setdefault(text, []).append(label)
-        detail = "; ".join(f"{', '.join(labels)} {'waits' if len(labels) == 1 else 'wait'} in {text}"
-                           for text, labels in by_wait.items())
-        if not detail:
-            detail = "peers left it: " + ", ".join(f"{p.label} ({_where(p, now)[1]})" for p in left)
-        own = s.waiting_in
-        if own is not None:
-            where += f", itself in {_wait_text(own, now)}"
-        in_phase = (now - s.current.start) / NS if s.current is not None else quiet
-        where += " without progress" if abs(in_phase - quiet) < 2 else f", without progress for {quiet:.0f} s"
-        findings.append(Finding(
-            "straggler", s.label, s.pid, phase, quiet,
-            f"rank {s.label} (pid {s.pid}) has been {where}; {detail}",
-            waiting=waiting, pids=[s.pid, *(p.pid for p in active if p.label in waiting or p in left)]))
-    return findings
+        members = _MEMBERS.search(coll["group"])
+        if members and world is not None and str(world) not in members.group(1).split(","):
+            continue  # s is not in that group
+        if s.coll_counts.get(coll["group"], 0) < coll["seq"]:
+            waiting[peer.label] = coll
+    return waiting
+
+
+def _detail(waiting: dict[str, dict[str, Any]], now: int) -> str:
+    by_wait: dict[str, list[str]] = {}
+    for label, coll in waiting.items():
+        by_wait.setdefault(_wait_text(coll, now), []).append(label)
+    return "; ".join(f"{', '.join(labels)} {'waits' if len(labels) == 1 else 'wait'} in {text}"
+                     for text, labels in by_wait.items())
+
+
+def _waited_on(run: RunView, s: ProcessRec, beats: list[dict[str, Any]], active: list[ProcessRec],
+               ranks: list[ProcessRec], by_world: dict[int, ProcessRec], now: int, th: Thresholds) -> Finding | None:
+    """The straggler / busy / slow verdict on one rank that its peers wait for (or left behind)."""
+    waiting = _waiters(s, active, now, th.blocked_bound)
+    phase, where, in_phase = _where(s, now)
+    quiet = (now - s.last_progress_t) / NS
+    left = _peers_left(s, ranks) if phase and not waiting and quiet >= th.stall_s else []
+    if not waiting and not left:
+        return None
+    detail = _detail(waiting, now) or "peers left it: " + ", ".join(f"{p.label} ({_where(p, now)[1]})" for p in left)
+    pids = [s.pid, *(p.pid for p in active if p.label in waiting or p in left)]
+    wait_s = max((now - c["t"]) / NS for c in waiting.values()) if waiting else quiet
+    own = s.waiting_in
+    if own is not None:
+        where += f", itself in {_wait_text(own, now)}"
+    for_s = f" for {quiet:.0f} s" + (f" (in it {in_phase:.0f} s)" if in_phase and in_phase - quiet > 2 else "")
+    estimate = progress_estimate(s, beats, now)
+    if estimate is not None and quiet < th.blocked_bound:  # its counters moved just now: slow, not stuck
+        return Finding("slow", s.label, s.pid, phase, wait_s,
+                       f"rank {s.label} (pid {s.pid}) is slow, not stuck: {estimate}, {where}; {detail}",
+                       waiting=_texts(waiting, now), pids=pids, doing=f"slow ({estimate})")
+    what = doing(beats, s.last_progress_t, now, th, own is not None)
+    if (what.state == "blocked" and waiting and min(quiet, wait_s) >= th.blocked_bound) or (
+            what.state != "busy" and quiet >= th.stall_s):
+        verdict = "is blocked" if what.state == "blocked" else "has made no progress"
+        return Finding("straggler", s.label, s.pid, phase, quiet,
+                       f"rank {s.label} (pid {s.pid}) {verdict} {where}{for_s} ({what.text}): {detail}",
+                       waiting=_texts(waiting, now), pids=pids, doing=f"{what.state} ({what.text})")
+    if what.state == "busy" and quiet >= th.busy_bound:
+        return Finding("busy", s.label, s.pid, phase, quiet,
+                       f"rank {s.label} (pid {s.pid}) is busy, not stuck, {where}: no progress{for_s} "
+                       f"({what.text}): {detail}", waiting=_texts(waiting, now), pids=pids,
+                       doing=f"busy ({what.text})")
+    return None
+
+
+def _texts(waiting: dict[str, dict[str, Any]], now: int) -> dict[str, str]:
+    return {label: _wait_text(coll, now) for label, coll in waiting.items()}
+
+
+def _silent(p: ProcessRec, age: float, active: list[ProcessRec], now: int, th: Thresholds) -> Finding:
+    phase, where, in_phase = _where(p, now)
+    state = process_state(p)
+    if state == "stopped":
+        cause = "process stopped (SIGSTOP, a debugger)"
+    elif state.startswith("unknown"):
+        cause = "GIL held or process stopped"
+    else:  # sleeping or running, yet its heartbeat thread does not run: something holds the GIL
+        cause = f"GIL held; process {state}"
+    waiting = _waiters(p, active, now, 0.0)
+    detail = f"; {_detail(waiting, now)}" if waiting else ""
+    since = f" for {in_phase:.0f} s" if in_phase is not None else ""
+    return Finding("silent", p.label, p.pid, phase, age,
+                   f"rank {p.label} (pid {p.pid}) is silent: no heartbeat for {age:.0f} s ({cause}), "
+                   f"{where}{since}{detail}", waiting=_texts(waiting, now), pids=[p.pid], doing=f"silent ({cause})")
 
 
 def _peers_left(s: ProcessRec, ranks: list[ProcessRec]) -> list[ProcessRec]:

@@ -7,6 +7,7 @@ still once the collector shows it is not answering: a dead collector never slows
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -16,12 +17,36 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from .redact import redact_text
+
 PROTOCOLS = ("grpc", "http/protobuf")
+# The OTLP exporters log every retry and failure on their own (unprefixed, every few seconds);
+# while our exporter runs, that is replaced by one line of ours per process (``Watched``).
+_SDK_LOGGERS = ("opentelemetry.exporter.otlp.proto.grpc.exporter", "opentelemetry.exporter.otlp.proto.http",
+                "opentelemetry.exporter.otlp.proto.http.trace_exporter", "opentelemetry.sdk._shared_internal")
+_ours = threading.local()
+log = logging.getLogger("sglang_phasetrace")
+
+
+class _QuietWhileOurs(logging.Filter):
+    """Drop the SDK's records emitted from inside our own export; SGLang's exporter logs as before."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(_ours, "exporting", False)
+
+
+_QUIET = _QuietWhileOurs()
+for _name in _SDK_LOGGERS:
+    logging.getLogger(_name).addFilter(_QUIET)
 
 
 def _env(name: str) -> str | None:
     value = os.environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or os.environ.get(f"OTEL_EXPORTER_OTLP_{name}")
     return value.strip() if value else None
+
+
+def endpoint() -> str:
+    return _env("ENDPOINT") or ""
 
 
 def processor_from_env(warn: Callable[[str], None]) -> SpanProcessor | None:
@@ -37,7 +62,7 @@ def processor_from_env(warn: Callable[[str], None]) -> SpanProcessor | None:
         else:
             warn(f"OTLP protocol {protocol!r} is not supported (use one of {PROTOCOLS}); journal only")
             return None
-        return BatchSpanProcessor(Watched(OTLPSpanExporter()), schedule_delay_millis=1000)
+        return BatchSpanProcessor(Watched(OTLPSpanExporter(), endpoint()), schedule_delay_millis=1000)
     except Exception as exc:
         warn(f"OTLP exporter not started ({exc!r}); journal only")
         return None
@@ -52,6 +77,16 @@ class Collector:
     def __init__(self) -> None:
         self.answering: bool | None = None  # took the last batch (None: none sent yet)
         self.waiting_since: float | None = None  # monotonic start of the export in flight
+        self.warned = False  # the one warning of this process about its collector
+
+    def failed_once(self, endpoint: str, error: BaseException | None) -> None:
+        if self.warned:
+            return
+        self.warned = True
+        why = f" ({type(error).__name__})" if error is not None else ""
+        endpoint = redact_text(endpoint)
+        log.warning("sglang-phasetrace: OTLP export to %s failed%s; spans stay in the journal: send them later "
+                    "with `phasetrace export RUN_DIR --endpoint %s`", endpoint or "?", why, endpoint or "URL")
 
     def unresponsive(self) -> bool:
         since = self.waiting_since
@@ -62,19 +97,28 @@ COLLECTOR = Collector()
 
 
 class Watched(SpanExporter):
-    """The OTLP exporter, keeping ``COLLECTOR`` up to date (see ``flush``)."""
+    """The OTLP exporter, keeping ``COLLECTOR`` up to date (see ``flush``), and saying once per
+    process, with the endpoint, that export failed and how to send the journal later."""
 
-    def __init__(self, inner: SpanExporter) -> None:
+    def __init__(self, inner: SpanExporter, endpoint: str = "") -> None:
         self.inner = inner
+        self.endpoint = endpoint
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         result = SpanExportResult.FAILURE
         COLLECTOR.waiting_since = time.monotonic()
+        _ours.exporting = True
+        error: BaseException | None = None
         try:
             result = self.inner.export(spans)
+        except Exception as exc:
+            error = exc
         finally:
+            _ours.exporting = False
             COLLECTOR.answering = result is SpanExportResult.SUCCESS
             COLLECTOR.waiting_since = None
+        if result is not SpanExportResult.SUCCESS:
+            COLLECTOR.failed_once(self.endpoint, error)
         return result
 
     def shutdown(self) -> None:

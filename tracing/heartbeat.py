@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from . import collectives, gpu, runtime
+from . import activity, collectives, files, gpu, runtime
 from .diagnose import Thresholds
 from .rundir import STATUS_DIR
 
@@ -34,8 +33,8 @@ class Heartbeat:
         self.process = psutil.Process()
         self.seq = 0
         self.cpu_last = self._cpu()
-        self.status_path = Path(rt.run_dir) / STATUS_DIR / f"{rt.journal.path.stem}.json"
-        self.status_path.parent.mkdir(parents=True, exist_ok=True)
+        self.t_last, self.activity = time.time_ns(), activity.Activity()  # record(): deltas per beat
+        self.status_path = files.private_dir(Path(rt.run_dir) / STATUS_DIR) / f"{rt.journal.path.stem}.json"
         self.stop = threading.Event()
         self.lock = threading.Lock()  # beat() runs on the thread and at ready (on_ready)
         self.failed = False
@@ -61,10 +60,11 @@ class Heartbeat:
         record: dict[str, Any] = {
             "kind": "heartbeat", "t": now, "seq": self.seq, "pid": self.rt.identity.pid,
             "label": self.rt.identity.label, "ready": self.rt.ready, "interval_s": self.interval,
-            "phases": phases, "cpu_s": round(cpu - self.cpu_last, 3),
+            "phases": phases, "dt_s": round((now - self.t_last) / 1e9, 3), "cpu_s": round(cpu - self.cpu_last, 3),
             "rss": self.process.memory_info().rss, "threads": self.process.num_threads(),
+            **self.activity.sample(),
         }
-        self.cpu_last = cpu
+        self.cpu_last, self.t_last = cpu, now
         current, counts = collectives.STATE.snapshot(now)
         if current:
             record["collective"] = current
@@ -80,11 +80,17 @@ class Heartbeat:
     def beat(self) -> None:
         with self.lock:
             record = self.record()
-            if not self.rt.ready:  # the journal keeps init; the status file stays live after
+            # The journal keeps init (of ranks, the launcher, any process inside a phase); the status
+            # file stays live after, and is all an idle helper process (detokenizer, ...) writes.
+            if not self.rt.ready and (self.rt.identity.role != "process" or record["phases"]):
                 self.rt.write(record)
-            tmp = self.status_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(record, separators=(",", ":"), default=str))
-            os.replace(tmp, self.status_path)
+            journal = self.rt.journal
+            if journal is not None and not journal.flush():  # records held back: say so here
+                record = {**record, "journal_unwritten": journal.trouble()}
+            try:
+                files.write_atomic(self.status_path, json.dumps(record, separators=(",", ":"), default=str).encode())
+            except OSError as exc:  # a full or read-only disk: said once per process; beats go on
+                files.say_once(self.status_path, exc, "the status file stays stale until it can be")
 
     def run(self) -> None:
         while True:

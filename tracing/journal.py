@@ -4,27 +4,20 @@ Each record is one ``os.write`` of one line on an ``O_APPEND`` descriptor: no us
 so whatever was written survives ``kill -9``. A phase that never ends leaves its ``begin`` record
 and no ``end`` record; readers treat that as "still running, or died there".
 
-Record schema (version 1; every record has ``kind`` and ``t``, Unix time in integer ns):
-
-``process``   first line: ``v``, ``pid``, ``ppid``, ``host``, ``run_id``, ``boot_t``, ``resource``
-``identity``  who this process is, once known: ``label`` (``tp1``, ``launcher``), ``role``, ``attrs``
-``begin``     a phase started: ``span``, ``parent`` (16 hex or null), ``trace`` (32 hex), ``name``,
-              ``attrs``, ``thread``
-``event``     inside a phase: ``span``, ``name``, ``attrs``
-``end``       a phase ended: ``span``, ``status`` (``ok``/``error``/``incomplete``), ``attrs`` (set
-              after begin), ``error`` (``type``, ``message``, ``stack``) when it failed
-``heartbeat`` liveness and progress of the process (see ``tracing.heartbeat``)
-``collective`` an init collective entered or left: ``edge`` (enter/exit), ``op``, ``group``, ``seq``
-              (per-group sequence number), ``span`` (the phase it ran in), ``dur_s`` on exit
-``diagnosis`` a stall the watchdog found (see ``tracing.watchdog``)
-``warning``   something we could not do (an unresolved patch target, a failed exporter): ``message``
+The record schema (kinds, fields, types) is ``tracing.records``: its constructors build records,
+and the reader here (``JournalTail``) skips and names, as ``file:line: why``, any line it refuses.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
+import stat
 import threading
+import time
+from collections import deque
 
 try:  # several times faster on large runs; SGLang installs it anyway
     from orjson import loads as _loads
@@ -33,8 +26,10 @@ except ImportError:  # pragma: no cover
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
-KINDS = frozenset({"process", "identity", "begin", "event", "end", "heartbeat", "collective", "diagnosis", "warning"})
+from . import files
+from .records import KINDS, SCHEMA_VERSION, all_valid, validate  # noqa: F401 (the schema's names, kept importable here)
+
+log = logging.getLogger("sglang_phasetrace")
 
 
 def _default(value: Any) -> Any:
@@ -47,23 +42,124 @@ def dumps(record: dict) -> str:
     return json.dumps(record, separators=(",", ":"), default=_default, ensure_ascii=False)
 
 
+def _line(record: dict) -> bytes:
+    return (dumps(record) + "\n").encode("utf-8", "replace")
+
+
 class JournalWriter:
-    """Appends records to one file; thread-safe; never raises into the caller's code path."""
+    """Appends records to one file (created 0600, never through a link); thread-safe.
+
+    ``write`` never raises. A record is written whole or not at all: a write cut short (a full
+    disk) is cut back off the file, so the next record starts on a fresh line. Records that cannot
+    be written are held back (up to ``HELD``) and written in order before the next one that can,
+    followed by a ``warning`` record saying when writing failed and what was dropped: a disk full
+    for a while does not lose a rank root's ``end`` (readers would call a healthy rank gone). The
+    first failure is said once per process, naming the file and the reason.
+    """
+
+    HELD = 4096
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        files.private_dir(path.parent)
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        self._fd = files.open_append(path)
+        self._end = os.fstat(self._fd).st_size  # end of the last whole record
+        self._torn = False  # a cut record could not be removed: the next write starts a new line
         self._lock = threading.RLock()  # a signal handler may write while the main thread does
+        self._held: deque[bytes] = deque()
+        self._dropped = 0
+        self._failed_since: int | None = None  # time of the first failure not yet recovered from
+        self.error: OSError | None = None  # the latest failure, for the status file
+        self._warned = False
 
-    def write(self, record: dict) -> None:
-        data = (dumps(record) + "\n").encode("utf-8", "replace")
+    def write_or_raise(self, record: dict) -> None:
+        """Write one record now or raise ``OSError`` (the first record: no journal without it)."""
+        with self._lock:
+            self._append(_line(record))
+
+    def write(self, record: dict) -> bool:
+        """Append ``record``; False when it was held back or dropped (said once per process)."""
+        try:
+            data = _line(record)
+        except (TypeError, ValueError, RecursionError) as exc:
+            self._say(f"journal record of kind {record.get('kind')!r} not written: {exc!r}")
+            return False
         with self._lock:
             if self._fd < 0:
-                return
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self._fd, view):]
+                return False
+            if self._failed_since is None or self.flush():
+                try:
+                    self._append(data)
+                    return True
+                except OSError as exc:
+                    self._failed(exc)
+            self._held.append(data)
+            if len(self._held) > self.HELD:
+                self._held.popleft()
+                self._dropped += 1
+            return False
+
+    def flush(self) -> bool:
+        """Write what was held back, then the note of the gap; True once nothing is left to write."""
+        with self._lock:
+            if self._failed_since is None:
+                return True
+            if self._fd < 0:
+                return False
+            try:
+                while self._held:
+                    self._append(self._held[0])
+                    self._held.popleft()
+                self._append(_line(self._gap_note()))
+            except OSError as exc:
+                self._failed(exc)
+                return False
+            self._failed_since, self._dropped, self.error = None, 0, None
+            return True
+
+    def _gap_note(self) -> dict:
+        now = time.time_ns()
+        since = time.strftime("%H:%M:%S", time.localtime(self._failed_since / 1e9))
+        return {"kind": "warning", "t": now, "message": (
+            f"journal writes failed for {(now - self._failed_since) / 1e9:.1f} s from {since} ({_reason(self.error)}); "
+            f"the records before this one were written late, {self._dropped} dropped")}
+
+    def _append(self, data: bytes) -> None:
+        if self._torn:
+            data = b"\n" + data
+        try:
+            files.write_all(self._fd, data)
+        except OSError:
+            try:
+                os.ftruncate(self._fd, self._end)  # whole or not at all
+                self._torn = False
+            except OSError:
+                self._torn = True
+            raise
+        if self._torn:
+            self._torn = False
+            self._end = os.fstat(self._fd).st_size
+        else:
+            self._end += len(data)
+
+    def _failed(self, exc: OSError) -> None:
+        self.error = exc
+        if self._failed_since is None:
+            self._failed_since = time.time_ns()
+        files.say_once(self.path, exc, f"records are held back (up to {self.HELD}) and written once it can be")
+
+    def _say(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("sglang-phasetrace: %s", message)
+
+    def trouble(self) -> dict | None:
+        """What is not written yet, for the status file: None when all is well."""
+        with self._lock:
+            if self._failed_since is None:
+                return None
+            return {"error": _reason(self.error), "since": self._failed_since, "held": len(self._held),
+                    "dropped": self._dropped}
 
     def close(self) -> None:
         with self._lock:
@@ -72,12 +168,20 @@ class JournalWriter:
                 self._fd = -1
 
 
+def _reason(exc: BaseException | None) -> str:
+    """``[Errno 28] No space left on device``: the reason, without the path said beside it."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return f"[Errno {exc.errno}] {exc.strerror}"
+    return str(exc)
+
+
 class JournalTail:
     """Reads one journal incrementally (the watchdog polls it) or whole (the CLI).
 
     A last line without its newline is a write in progress, or one cut by ``kill -9``: a live read
     leaves it for next time; a ``final`` read parses it, and reports it if it is broken.
-    Every unusable line is reported once, as ``file:line: why``, and the rest is used.
+    Every unusable line (not JSON, or a record ``records.validate`` refuses) is reported once, as
+    ``file:line: why``, and skipped; the rest of its chunk is used.
     """
 
     def __init__(self, path: Path) -> None:
@@ -86,37 +190,83 @@ class JournalTail:
         self.lines = 0
         self.problems: list[str] = []
         self.unknown_kinds: set[str] = set()
+        self._unreadable: str | None = None  # the reason said for a file that cannot be read
+        self._chunk: tuple[int, list[bytes], list[int] | None] = (1, [], None)  # for line_of()
 
     def read(self, final: bool = False) -> list[dict]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
+        data = self._read_more()
+        if not data:
             return []
         end = len(data) if final else data.rfind(b"\n") + 1
-        lines = data[:end].splitlines()
+        lines = data[:end].split(b"\n")
+        if lines[-1] == b"":
+            lines.pop()
         self.offset += end
         first = self.lines + 1
         self.lines += len(lines)
-        records = _parse_all(lines)  # fast path: one parse for the whole chunk
-        if records is not None:
+        records = _parse_chunk(lines)  # fast path: one parse for the whole chunk
+        if records is None:  # some line is not JSON: line by line, naming each bad one
+            numbered = [(n, r) for n, raw in enumerate(lines, first)
+                        if (r := parse_line(raw, self.path, n, self.problems, self.unknown_kinds)) is not None]
+            self._chunk = (first, lines, [n for n, _ in numbered])
+            return [r for _, r in numbered]
+        self._chunk = (first, lines, None)
+        if all_valid(records):  # the fast path's check: one column at a time
             return records
-        parsed = (parse_line(raw, self.path, n, self.problems, self.unknown_kinds)
-                  for n, raw in enumerate(lines, first))
-        return [r for r in parsed if r is not None]  # slow path: line by line, naming each bad one
+        bad = [(i, why) for i, r in enumerate(records) if (why := validate(r)) is not None]
+        numbers = _numbers(lines, first)
+        for i, why in bad:
+            self._report(numbers[i], records[i], why)
+        drop = {i for i, _ in bad}
+        self._chunk = (first, lines, [n for i, n in enumerate(numbers) if i not in drop])
+        return [r for i, r in enumerate(records) if i not in drop]
+
+    def line_of(self, index: int) -> int:
+        """The line number of record ``index`` of the last ``read``'s result."""
+        first, lines, numbers = self._chunk
+        return (numbers if numbers is not None else _numbers(lines, first))[index]
+
+    def _read_more(self) -> bytes:
+        try:
+            return read_regular(self.path, self.offset)
+        except FileNotFoundError:
+            return b""
+        except OSError as exc:
+            why = f"cannot read ({exc.strerror or exc})"
+            if why != self._unreadable:
+                self._unreadable = why
+                self.problems.append(f"{self.path}: {why}")
+            return b""
+
+    def _report(self, lineno: int, record: Any, why: str) -> None:
+        _report(self.path, lineno, record, why, self.problems, self.unknown_kinds)
 
 
-def _parse_all(lines: list[bytes]) -> list[dict] | None:
-    """Every line a well-formed record of a known kind: all records; else None (go line by line)."""
+def read_regular(path: Path, offset: int = 0, limit: int = -1) -> bytes:
+    """The bytes of a regular file from ``offset`` (``limit`` at most): never through a symbolic
+    link, never blocking on a FIFO or reading a device (``OSError`` naming why instead)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        records = _loads(b"[" + b",".join(line for line in lines if line.strip()) + b"]")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            f.seek(offset)
+            return f.read(limit)
+    finally:
+        os.close(fd)
+
+
+def _numbers(lines: list[bytes], first: int) -> list[int]:
+    """Line numbers of the non-blank lines (the records of a chunk parsed at once)."""
+    return [n for n, line in enumerate(lines, first) if line.strip()]
+
+
+def _parse_chunk(lines: list[bytes]) -> list | None:
+    """Every line JSON: their values, one ``orjson`` parse for all; else None (go line by line)."""
+    try:
+        return _loads(b"[" + b",".join(line for line in lines if line.strip()) + b"]")
     except (UnicodeDecodeError, json.JSONDecodeError):
         return None
-    for r in records:
-        if type(r) is not dict or r.get("kind") not in KINDS or type(r.get("t")) is not int:
-            return None
-    return records
 
 
 def read_journal(path: Path) -> tuple[list[dict], list[str]]:
@@ -127,6 +277,7 @@ def read_journal(path: Path) -> tuple[list[dict], list[str]]:
 
 def parse_line(raw: bytes, path: Path, lineno: int, problems: list[str],
                unknown: set[str] | None = None) -> dict | None:
+    """One line as a valid record, or None (blank; else reported in ``problems`` as ``file:line: why``)."""
     if not raw.strip():
         return None
     try:
@@ -134,13 +285,21 @@ def parse_line(raw: bytes, path: Path, lineno: int, problems: list[str],
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:  # orjson's error subclasses it
         problems.append(f"{path}:{lineno}: not a JSON record ({exc.__class__.__name__}: {exc})")
         return None
-    if not isinstance(record, dict) or not isinstance(record.get("kind"), str) or not isinstance(record.get("t"), int):
-        problems.append(f"{path}:{lineno}: not a journal record (needs a string 'kind' and an integer 't')")
-        return None
-    if record["kind"] not in KINDS:  # a newer writer's kind: skipped, said once per file and kind
-        if unknown is not None and record["kind"] not in unknown:
-            unknown.add(record["kind"])
-            problems.append(f"{path}:{lineno}: unknown record kind {record['kind']!r} skipped "
-                            "(later ones in this file not reported)")
+    why = validate(record)
+    if why is not None:
+        _report(path, lineno, record, why, problems, unknown)
         return None
     return record
+
+
+def _report(path: Path, lineno: int, record: Any, why: str, problems: list[str], unknown: set[str] | None) -> None:
+    kind = record.get("kind") if isinstance(record, dict) else None
+    if isinstance(kind, str) and kind not in KINDS:  # a newer writer's kind: said once per file and kind
+        if unknown is None or kind not in unknown:
+            if unknown is not None:
+                unknown.add(kind)
+            problems.append(f"{path}:{lineno}: unknown record kind {kind!r} skipped (later ones in this file "
+                            "not reported)")
+        return
+    what = f"{kind} record" if isinstance(kind, str) else "not a journal record"
+    problems.append(f"{path}:{lineno}: {what}: {why}")

@@ -27,5 +27,6 @@ ENV_SECONDS = "SGLANG_PHASETRACE_{}_S"  # HEARTBEAT, SILENT, STALL, NO_PROGRESS
 ENV_STACK_SIGNAL = "SGLANG_PHASETRACE_STACK_SIGNAL"
 ENV_WATCHDOG = "SGLANG_PHASETRACE_WATCHDOG"  # "0": no watchdog thread in the launcher
 ENV_ABORT_AFTER = "SGLANG_PHASETRACE_ABORT_AFTER_S"  # opt-in: SIGTERM the launcher after a stall this long
+ENV_LAUNCHER = "SGLANG_PHASETRACE_LAUNCHER"  # pid of the traced launcher; its children trace from import
 ENV_TRACEPARENT = "TRACEPARENT"
 DEFAULT_BASE_DIR = "phasetrace-runs"

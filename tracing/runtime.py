@@ -7,6 +7,7 @@ Never the global TracerProvider: SGLang's ``--enable-trace`` sets that one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -23,11 +24,11 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import StatusCode
 
-from . import exporters, keys
+from . import exporters, files, keys, procs
 from .identity import IDENTITY_KEYS, Identity
 from .journal import SCHEMA_VERSION, JournalWriter
 from .redact import redact
-from .rundir import JOURNAL_DIR
+from .rundir import JOURNAL_DIR, STATUS_DIR
 
 log = logging.getLogger("sglang_phasetrace")
 
@@ -40,9 +41,15 @@ def hexid(value: int | None, width: int = 16) -> str | None:
 
 
 def new_run_dir() -> Path:
+    """A fresh run directory's path (not created): absolute, so children in another cwd share it,
+    and not resolved, so a link in place of the base is seen (and refused) when it is created."""
     base = Path(os.environ.get(keys.ENV_BASE_DIR) or keys.DEFAULT_BASE_DIR)
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
-    return (base / run_id).resolve()
+    return Path(os.path.abspath(base / run_id))
+
+
+class TracingOff(Exception):
+    """Tracing could not start in this process (said once, naming the path); it stays off."""
 
 
 def sglang_version() -> str | None:
@@ -110,20 +117,39 @@ class JournalProcessor(SpanProcessor):
         self.writer = writer
         self.open = open_phases
         self.begun: dict[int, dict[str, Any]] = {}  # span id -> attributes its begin record holds
+        self.failed = False
 
+    # Never raises: the SDK calls processors in turn without catching, and the exporter comes after.
     def on_start(self, span: Span, parent_context: Any = None) -> None:
+        try:
+            self._begin(span)
+        except Exception as exc:
+            self._failed(exc)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        try:
+            self._end(span)
+        except Exception as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        if not self.failed:
+            self.failed = True
+            log.warning("sglang-phasetrace: journal record not written: %r", exc)
+
+    def _begin(self, span: Span) -> None:
         ctx = span.get_span_context()
         attrs = {k: v for k, v in (span.attributes or {}).items() if k not in IDENTITY_KEYS}
         self.begun[ctx.span_id] = attrs
+        self.open.add(span)
         self.writer.write({
             "kind": "begin", "t": span.start_time, "span": hexid(ctx.span_id),
             "parent": hexid(span.parent.span_id) if span.parent else None,
             "trace": hexid(ctx.trace_id, 32), "name": span.name, "attrs": attrs,
             "thread": threading.current_thread().name,
         })
-        self.open.add(span)
 
-    def on_end(self, span: ReadableSpan) -> None:
+    def _end(self, span: ReadableSpan) -> None:
         self.open.remove(span)
         attrs = dict(span.attributes or {})
         record: dict[str, Any] = {"kind": "end", "t": span.end_time, "span": hexid(span.get_span_context().span_id)}
@@ -149,6 +175,38 @@ class JournalProcessor(SpanProcessor):
         self.writer.write(record)
 
 
+class Contained(SpanProcessor):
+    """The exporter's processor with its exceptions caught (said once): a failing exporter never
+    costs a phase its span or its journal records."""
+
+    def __init__(self, inner: SpanProcessor) -> None:
+        self.inner = inner
+        self.failed = False
+
+    def on_start(self, span: Span, parent_context: Any = None) -> None:
+        try:
+            self.inner.on_start(span, parent_context)
+        except Exception as exc:
+            self._failed(exc)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        try:
+            self.inner.on_end(span)
+        except Exception as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        if not self.failed:
+            self.failed = True
+            log.warning("sglang-phasetrace: span exporter failed: %r", exc)
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
 class Runtime:
     """One per process (reset in a forked child). ``start()`` is idempotent and cheap after the first."""
 
@@ -158,6 +216,7 @@ class Runtime:
         self.open = OpenPhases()
         self.lock = threading.RLock()
         self.started = False
+        self.off: str | None = None  # why tracing could not start here (then it never does)
         self.ready = False
         self.root: Span | None = None
         self.run_dir: Path | None = None
@@ -170,23 +229,27 @@ class Runtime:
         self._calls_lock = threading.Lock()
 
     def start(self) -> Runtime:
+        """Create the run directory and journal, and the provider; raises ``TracingOff`` (at once,
+        every later call) when the run directory cannot be written, said once."""
         if self.started:
             return self
+        if self.off is not None:
+            raise TracingOff(self.off)
         with self.lock:
             if self.started:
                 return self
+            if self.off is not None:
+                raise TracingOff(self.off)
             run_dir = os.environ.get(keys.ENV_RUN_DIR)
             if not run_dir:
                 run_dir = os.environ[keys.ENV_RUN_DIR] = str(new_run_dir())  # children inherit it
             self.run_dir = Path(run_dir)
-            ident = self.identity
-            self.journal = JournalWriter(self.run_dir / JOURNAL_DIR / f"{ident.host}-{ident.pid}.jsonl")
             resource = self.resource()
-            self.journal.write({
-                "v": SCHEMA_VERSION, "kind": "process", "t": time.time_ns(), "pid": ident.pid,
-                "ppid": os.getppid(), "host": ident.host, "run_id": self.run_dir.name,
-                "boot_t": self.boot_ns, "resource": dict(resource.attributes),
-            })
+            try:
+                self.journal = self._open_journal(resource)
+            except OSError as exc:
+                self._turn_off(exc)
+                raise TracingOff(self.off) from None
             self._pending.insert(0, self._identity_record())
             for record in self._pending:
                 self.journal.write(record)
@@ -195,11 +258,12 @@ class Runtime:
             # long a collector that does not answer holds it; lifecycle flushes with a bound instead.
             provider = TracerProvider(resource=resource, sampler=ALWAYS_ON, id_generator=PrivateIdGenerator(),
                                       shutdown_on_exit=False)
+            # Neither the journal nor the exporter raises: a failure of one never stops the other.
             provider.add_span_processor(JournalProcessor(self.journal, self.open))
-            provider.add_span_processor(StampProcessor(ident))
+            provider.add_span_processor(StampProcessor(self.identity))
             exporter = exporters.processor_from_env(self.warn)
             if exporter is not None:
-                provider.add_span_processor(exporter)
+                provider.add_span_processor(Contained(exporter))
             self.provider = provider
             self.tracer = provider.get_tracer("sglang-phasetrace", "0.1.0")
             self.started = True
@@ -209,6 +273,39 @@ class Runtime:
         stacks.arm(self)
         heartbeat.start(self)
         return self
+
+    def _open_journal(self, resource: Resource) -> JournalWriter:
+        """The run directory (0700, its base checked before and after), and this process's journal
+        holding its first record: a directory that cannot take one record is not used at all."""
+        ident, run_dir = self.identity, self.run_dir
+        files.check_base(run_dir.parent)
+        files.private_dir(run_dir)
+        files.check_base(run_dir.parent)  # not swapped for someone else's while we created it
+        files.private_dir(run_dir / STATUS_DIR)
+        journal = JournalWriter(files.private_dir(run_dir / JOURNAL_DIR) / f"{ident.host}-{ident.pid}.jsonl")
+        try:
+            journal.write_or_raise({
+                "v": SCHEMA_VERSION, "kind": "process", "t": time.time_ns(), "pid": ident.pid,
+                "ppid": os.getppid(), "host": ident.host, "run_id": run_dir.name,
+                "boot_t": self.boot_ns, "resource": dict(resource.attributes), **procs.fingerprint(ident.pid),
+            })
+        except OSError as exc:
+            journal.close()
+            with contextlib.suppress(OSError):
+                os.unlink(journal.path)  # empty: no half-made process for readers
+            raise OSError(exc.errno, exc.strerror, str(journal.path)) from None
+        return journal
+
+    def _turn_off(self, exc: OSError) -> None:
+        """One warning naming the path and the reason; nothing kept, nothing retried."""
+        if isinstance(exc, files.UnsafeDirectory):
+            self.off = f"refusing run directory {self.run_dir}: {exc}"
+        elif exc.errno is not None:
+            self.off = f"cannot write {exc.filename or self.run_dir}: [Errno {exc.errno}] {exc.strerror}"
+        else:
+            self.off = f"cannot write {self.run_dir}: {exc}"
+        self._pending.clear()
+        log.warning("sglang-phasetrace: %s; tracing off in this process", self.off)
 
     def resource(self) -> Resource:
         attrs = {
@@ -256,13 +353,11 @@ class Runtime:
             return {phase: {"calls": n, "cost_us": round(ns / 1e3, 1)} for phase, (n, ns) in self.runtime_calls.items()}
 
     def write(self, record: dict) -> None:
-        if self.journal is None:
+        """Journal ``record`` (never raises); held until the journal exists; dropped if it never will."""
+        if self.journal is not None:
+            self.journal.write(record)
+        elif self.off is None and len(self._pending) < 1000:
             self._pending.append(record)
-        else:
-            try:
-                self.journal.write(record)
-            except OSError as exc:
-                log.warning("sglang-phasetrace: journal write failed: %s", exc)
 
     def warn(self, message: str) -> None:
         """One warning line on stderr (through logging) and a ``warning`` record in the journal."""

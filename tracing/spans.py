@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
+import traceback
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -18,8 +18,8 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from . import keys, lifecycle, runtime
-from .redact import redact
+from . import keys, runtime
+from .redact import redact, redact_text
 
 log = logging.getLogger("sglang_phasetrace")
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -41,6 +41,23 @@ def clean_attrs(attrs: dict[str, Any] | None) -> dict[str, AttrValue | list]:
         else:
             out[key] = str(value)
     return out
+
+
+def exception_attrs(exc: BaseException) -> dict[str, str]:
+    """The OTel ``exception`` event's attributes, redacted (``span.record_exception`` would put the
+    message and the traceback, secrets included, into the journal and onto the wire)."""
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<unprintable exception>"
+    try:
+        stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except Exception:
+        stack = ""
+    module, qualname = type(exc).__module__, type(exc).__qualname__
+    kind = f"{module}.{qualname}" if module and module != "builtins" else qualname  # as OTel names it
+    return {"exception.type": kind, "exception.message": redact_text(message),
+            "exception.stacktrace": redact_text(stack), "exception.escaped": "False"}
 
 
 def launch_context() -> otel_context.Context | None:
@@ -98,10 +115,12 @@ class PhaseSpan:
                 return
             if incomplete:
                 self.span.set_attribute(keys.INCOMPLETE, True)
-                self.span.set_status(Status(StatusCode.ERROR, incomplete))
+                self.span.set_status(Status(StatusCode.ERROR, redact_text(incomplete)))
             elif exc is not None:
-                self.span.record_exception(exc)
-                self.span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                attrs = exception_attrs(exc)
+                self.span.add_event("exception", attrs)
+                description = f"{type(exc).__name__}: {attrs['exception.message']}"
+                self.span.set_status(Status(StatusCode.ERROR, description))
             self.span.end(end_time=end_ns)
         except Exception:
             log.debug("sglang-phasetrace: end failed", exc_info=True)
@@ -129,14 +148,14 @@ def start_phase(name: str, attrs: dict[str, Any] | None = None, *, start_ns: int
     """Start a phase span in this process; ``root=True`` makes it the process root. None on failure."""
     try:
         rt = runtime.current().start()
-        if threading.current_thread() is threading.main_thread():
-            lifecycle.arm_signals()
         ctx = launch_context() if root else _parent_context(rt)
         span = rt.tracer.start_span(name, context=ctx, attributes=clean_attrs(attrs), start_time=start_ns)
         if root:
             rt.root = span
         token = otel_context.attach(trace.set_span_in_context(span)) if attach else None
         return PhaseSpan(rt, span, token)
+    except runtime.TracingOff:  # said once, when the runtime failed to start
+        return None
     except Exception as exc:
-        log.warning("sglang-phasetrace: could not start phase %s: %r", name, exc)
+        log.warning("sglang-phasetrace: could not start phase %s: %s", name, redact_text(repr(exc)))
         return None

@@ -1,9 +1,20 @@
-"""Stacks on demand: every traced process dumps all its threads' stacks when asked by a signal.
+"""Stacks of a stalled process, read with as little disturbance as possible.
 
-``faulthandler`` writes the dump from its C signal handler, so it works while the main thread
-is stuck in C code holding the GIL — exactly when a Python-level dumper cannot. Dumps append to
-``RUN_DIR/stacks/<host>-<pid>.txt``; the requester writes a header line first. ``py-spy`` (native
-frames) is used too where it is installed and allowed; if not, that is said once.
+In order of preference, for a process proven to be the traced one (``tracing.procs``):
+
+1. ``/proc`` (always, never perturbs): each thread's name, state and kernel wait channel.
+2. ``py-spy dump`` (out of process, where installed and ptrace is allowed): Python and native
+   frames. It pauses the process for the read (milliseconds).
+3. ``faulthandler`` on a signal (default SIGUSR2, ``SGLANG_PHASETRACE_STACK_SIGNAL``): every traced
+   process registers it when tracing starts; its C-level handler writes all threads' Python stacks
+   even while the main thread holds the GIL in C. The signal is sent only when ``/proc`` shows the
+   process catches it. What a signal can interrupt: a system call in progress returns EINTR where
+   it is not restarted (``poll``/``epoll_wait``/``nanosleep`` never are; Python retries its own,
+   PEP 475); a C ``sleep()`` returns early. NCCL/gloo waits retry; an application's own C code may not.
+
+Dumps go to ``RUN_DIR/stacks/<host>-<pid>.txt`` (faulthandler appends to it from C, so what it
+writes is Python frames: file names, line numbers, function names — no values) and
+``<host>-<pid>-py-spy-<time>.txt`` (redacted before it is written).
 """
 
 from __future__ import annotations
@@ -19,17 +30,33 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import keys
+from . import keys, procs
+from .redact import redact_text
 from .rundir import STACKS_DIR
 
 log = logging.getLogger("sglang_phasetrace")
-_files: dict[int, Any] = {}  # pid -> open dump file (kept alive for faulthandler)
-_pyspy_problem: list[str] = []
+ALLOWED = ("SIGUSR1", "SIGUSR2")  # signals whose default action nobody relies on during init
+_fds: dict[int, int] = {}  # pid -> dump file descriptor (kept open: faulthandler writes to it)
+_said: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        log.warning("sglang-phasetrace: %s", message)
 
 
 def stack_signal() -> signal.Signals:
-    name = os.environ.get(keys.ENV_STACK_SIGNAL, "SIGUSR2").upper()
-    return signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
+    """The dump signal: ``SGLANG_PHASETRACE_STACK_SIGNAL`` if it names one of ``ALLOWED``, else
+    SIGUSR2 (a bad value is said once)."""
+    raw = os.environ.get(keys.ENV_STACK_SIGNAL, "").strip().upper()
+    if not raw:
+        return signal.SIGUSR2
+    name = raw if raw.startswith("SIG") else f"SIG{raw}"
+    if name in ALLOWED:
+        return signal.Signals[name]
+    _say_once(f"{keys.ENV_STACK_SIGNAL}={raw!r} is not one of {', '.join(ALLOWED)}; using SIGUSR2")
+    return signal.SIGUSR2
 
 
 def dump_path(run_dir: Path | str, stem: str) -> Path:
@@ -37,31 +64,67 @@ def dump_path(run_dir: Path | str, stem: str) -> Path:
 
 
 def arm(rt: Any) -> None:
-    """Register the stack-dump signal in this process (SGLang does not use SIGUSR2)."""
+    """Register the dump signal in this process with faulthandler (SGLang does not use it)."""
     pid = os.getpid()
-    if pid in _files:
+    if pid in _fds:
         return
     try:
+        from .files import open_append, private_dir
+
         path = dump_path(rt.run_dir, rt.journal.path.stem)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _files[pid] = open(path, "a", buffering=1)  # kept open: faulthandler writes to its fd
+        private_dir(path.parent)
+        fd = open_append(path)
         sig = stack_signal()
         # chain only to a real handler: chaining to SIG_DFL would re-raise it and end the process
-        chain = signal.getsignal(sig) not in (signal.SIG_DFL, signal.SIG_IGN)
-        faulthandler.register(sig, file=_files[pid], all_threads=True, chain=chain)
+        chain = signal.getsignal(sig) not in (signal.SIG_DFL, signal.SIG_IGN, None)
+        faulthandler.register(sig, file=fd, all_threads=True, chain=chain)
+        _fds[pid] = fd
     except Exception as exc:
-        log.warning("sglang-phasetrace: stack dumps on request not armed: %r", exc)
+        _say_once(f"stack dumps on request not armed: {exc!r}")
+
+
+def proc_snapshot(pid: int) -> str:
+    """Each thread's name, state and kernel wait channel from ``/proc``: read from outside, no signal."""
+    lines = []
+    try:
+        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+    except OSError:
+        return ""
+    for tid in tids:
+        base = f"/proc/{pid}/task/{tid}"
+        try:
+            with open(f"{base}/stat", "rb") as f:
+                stat = f.read()
+            name = stat[stat.index(b"(") + 1:stat.rindex(b")")].decode(errors="replace")
+            state = stat.rpartition(b")")[2].split()[0].decode()
+            with open(f"{base}/wchan") as f:
+                wchan = f.read().strip() or "-"
+        except (OSError, ValueError, IndexError):
+            continue
+        lines.append(f"  thread {tid} {name!r}: state {state}, waiting in {wchan if wchan != '0' else '-'}")
+    return "\n".join(lines)
 
 
 def request(pid: int, path: Path, reason: str, wait_s: float = 2.0) -> bool:
-    """Ask process ``pid`` for a dump into ``path`` (its own file); True once the dump arrived."""
+    """Header + ``/proc`` snapshot into ``path``, then, if ``pid`` catches the dump signal, a
+    faulthandler dump; True once the dump arrived. The caller has proven ``pid`` is ours."""
+    sig = stack_signal()
     try:
-        with open(path, "a") as f:
-            f.write(f"\n=== stacks of pid {pid} requested at {time.strftime('%Y-%m-%d %H:%M:%S')}: {reason} ===\n")
+        from .files import open_append
+
+        header = (f"\n=== stacks of pid {pid} requested at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                  f"{redact_text(reason)} ===\n{proc_snapshot(pid)}\n")
+        fd = open_append(path)
+        try:
+            os.write(fd, header.encode("utf-8", "replace"))
+        finally:
+            os.close(fd)
         marker = path.stat().st_size
-        os.kill(pid, stack_signal())
+        if not procs.catches(pid, sig):
+            return False  # not armed (yet): the default action would end it
+        os.kill(pid, sig)
     except (OSError, ValueError) as exc:
-        log.warning("sglang-phasetrace: could not request stacks of pid %s: %r", pid, exc)
+        _say_once(f"could not request stacks of pid {pid} into {path}: {exc!r}")
         return False
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
@@ -72,12 +135,13 @@ def request(pid: int, path: Path, reason: str, wait_s: float = 2.0) -> bool:
 
 
 def py_spy(pid: int, path: Path) -> Path | None:
-    """``py-spy dump --native`` into ``path``; None (said once) when py-spy is missing or refused."""
+    """``py-spy dump --native`` into ``path`` (redacted); None (said once) when missing or refused."""
     beside = Path(sys.executable).parent / "py-spy"  # a venv's, when the venv is not on PATH
     exe = str(beside) if beside.exists() else shutil.which("py-spy")
     if exe is None:
         _say_once("py-spy is not installed; native stacks skipped (faulthandler stacks only)")
         return None
+    done = None
     for args in ([exe, "dump", "--pid", str(pid), "--native"], [exe, "dump", "--pid", str(pid)]):
         try:
             done = subprocess.run(args, capture_output=True, text=True, timeout=30)
@@ -85,13 +149,10 @@ def py_spy(pid: int, path: Path) -> Path | None:
             _say_once(f"py-spy failed ({exc!r}); native stacks skipped")
             return None
         if done.returncode == 0 and done.stdout.strip():
-            path.write_text(done.stdout)
+            from .files import write_atomic
+
+            write_atomic(path, redact_text(done.stdout).encode("utf-8", "replace"))
             return path
-    _say_once(f"py-spy could not read pid {pid} ({done.stderr.strip()[:200]}); native stacks skipped")
+    detail = redact_text(done.stderr.strip()[:200]) if done is not None else ""
+    _say_once(f"py-spy could not read pid {pid} ({detail}); native stacks skipped")
     return None
-
-
-def _say_once(message: str) -> None:
-    if not _pyspy_problem:
-        _pyspy_problem.append(message)
-        log.warning("sglang-phasetrace: %s", message)

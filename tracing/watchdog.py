@@ -1,14 +1,18 @@
-"""The watchdog: reads every rank's journal and heartbeats, names a stalled rank within seconds.
+"""The watchdog: reads every rank's journal and heartbeats, names a stalled or dead rank within seconds.
 
 Runs as a thread in the launching process (from its launch until the server is ready) and as
-``phasetrace watch RUN_DIR``. On each new finding it asks the ranks involved for their stacks,
-prints one line to stderr, writes a ``diagnosis`` record, adds an OTel event, and exports the
-in-flight phases as *incomplete* spans so Jaeger shows where each rank is. It kills nothing,
-unless ``SGLANG_PHASETRACE_ABORT_AFTER_S`` asks it to end the launch after a stall that long.
+``phasetrace watch RUN_DIR``. On each new finding it reads the stacks of the ranks involved
+(``tracing.stacks``: only processes proven to be the traced ones), prints one line to stderr,
+writes a ``diagnosis`` record, adds an OTel event, and exports the in-flight phases as
+*incomplete* spans so Jaeger shows where each rank is. A rank process that ends before it is
+ready is named at once, with how it ended when this process is its parent (the launcher), and
+an ``exit`` record is written for it. It kills nothing, unless ``SGLANG_PHASETRACE_ABORT_AFTER_S``
+asks it to end a local launcher after a stall that long.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -19,12 +23,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import keys, runtime, stacks
-from .diagnose import Finding, Thresholds, analyze, this_host
+from . import keys, postmortem, procs, runtime, spawned, stacks
+from .diagnose import Finding, Thresholds, analyze
+from .redact import redact_text
 from .rundir import STACKS_DIR, ProcessRec, RunView
 
 log = logging.getLogger("sglang_phasetrace")
 MAX_STACKS = 8
+PREFIX = "sglang-phasetrace:"
+VERDICT = {"died": "DIED", "failed": "FAILED", "not_started": "NOT STARTED"}  # any other kind: STALL
+
+
+def proven(proc: ProcessRec) -> bool:
+    """The journal's process is running on this host now, as the same process (pid + start time)."""
+    return procs.same_process(proc.pid, proc.host, proc.start_ticks, proc.boot_id) and procs.alive(proc.pid)
 
 
 class Watchdog:
@@ -32,33 +44,62 @@ class Watchdog:
                  out: TextIO | None = None, record: Callable[[dict], None] | None = None,
                  py_spy: bool = True) -> None:
         self.run = RunView(run_dir)
+        self.named: set[int] = set()  # pids a verdict has named
+        stacks.stack_signal()  # a bad setting is said now, once
         self.thresholds = thresholds or Thresholds.from_env()
         self.out = out if out is not None else sys.stderr
         self.record = record
         self.py_spy = py_spy
         self.first_seen: dict[tuple, float] = {}  # finding key -> when it was reported
+        self.gone: dict[int, procs.Ended | None] = {}  # rank pid -> how it ended (None: unknown)
         self.stop = threading.Event()
+        self.lock = threading.Lock()  # one pass at a time (the loop, and last words from a handler)
         self.failed = False
+        self.said_root_cause = False
         self.abort_after = _float_env(keys.ENV_ABORT_AFTER)
         self._exporter: Any = None
 
     def step(self, now_ns: int | None = None) -> list[Finding]:
         """One pass: read what is new, analyze, act on findings not reported yet. Returns them."""
-        self.run.refresh()
-        now_ns = now_ns or time.time_ns()
-        findings = analyze(self.run, now_ns, self.thresholds)
-        new = [f for f in findings if f.key not in self.first_seen]
-        for finding in new:
-            self.first_seen[finding.key] = time.monotonic()
-            self.act(finding)
-        self._maybe_abort(findings)
-        return new
+        with self.lock:
+            self.run.refresh()
+            now_ns = now_ns or time.time_ns()
+            self._look_for_exits()
+            th = self.thresholds
+            findings = postmortem.findings(self.run, self.gone)
+            findings += spawned.not_started(self.run, now_ns, th.stall_s, th.no_progress_s)
+            named = {f.pid for f in findings}
+            findings += [f for f in analyze(self.run, now_ns, th, notices=True) if f.pid not in named]
+            new = [f for f in findings if f.key not in self.first_seen
+                   and not (f.kind == "not_started" and f.pid in self.named)]  # named already as stalled
+            for finding in new:
+                self.first_seen[finding.key] = time.monotonic()
+                self.named.add(finding.pid)
+                self.act(finding)
+            self._maybe_abort(findings)
+            return new
+
+    def _look_for_exits(self) -> None:
+        """Rank processes of this host that ended before they were ready; how, where we can tell."""
+        for proc in self.run.ranks:
+            if proc.pid in self.gone or proc.ready or proc.host != procs.this_host() or proc.exit is not None:
+                continue
+            if procs.alive(proc.pid) and (proc.start_ticks is None or proven(proc)):
+                continue
+            ended = procs.child_ended(proc.pid)  # the launcher is the ranks' parent
+            self.gone[proc.pid] = ended
+            if ended is not None and self.record is not None:
+                self.record({"kind": "exit", "t": time.time_ns(), "pid": proc.pid, "host": proc.host,
+                             "label": proc.label, **ended.record_fields()})
 
     def act(self, finding: Finding) -> None:
-        procs = {p.pid: p for p in self.run.processes}
-        involved = [procs[pid] for pid in dict.fromkeys(finding.pids) if pid in procs][:MAX_STACKS]
-        finding.stacks = self.take_stacks(involved, finding)
-        line = f"sglang-phasetrace: STALL {finding.message}"
+        finding.message = redact_text(finding.message)
+        procs_by_pid = {p.pid: p for p in self.run.processes}
+        involved = [procs_by_pid[pid] for pid in dict.fromkeys(finding.pids) if pid in procs_by_pid][:MAX_STACKS]
+        if finding.alarm and finding.kind not in ("died", "failed"):
+            finding.stacks = self.take_stacks(involved, finding)
+        word = VERDICT.get(finding.kind, "STALL") if finding.alarm else "NOTICE"
+        line = f"{PREFIX} {word} {finding.message}"
         if finding.stacks:
             line += f"; stacks: {', '.join(finding.stacks)}"
         print(line, file=self.out, flush=True)
@@ -69,23 +110,45 @@ class Watchdog:
             self.record(record)
         self._export(finding, involved)
 
-    def take_stacks(self, procs: list[ProcessRec], finding: Finding) -> list[str]:
+    def take_stacks(self, involved: list[ProcessRec], finding: Finding) -> list[str]:
+        """Stacks of the involved processes proven to be ours: py-spy (out of process) for the rank
+        the finding names, where allowed; faulthandler on its signal for the others and as fallback."""
         paths = []
-        for i, proc in enumerate(procs):
-            if proc.host != this_host():  # signals reach this host's processes only
+        for i, proc in enumerate(involved):
+            if not proven(proc):  # another host, a recycled pid, an old run: never signalled
                 continue
-            path = stacks.dump_path(self.run.path, proc.path.stem)
-            if stacks.request(proc.pid, path, f"{finding.kind}: {finding.message}"):
-                paths.append(str(path))
-            if i == 0 and self.py_spy:  # native frames of the rank it names
+            if i == 0 and self.py_spy:
                 out = self.run.path / STACKS_DIR / f"{proc.path.stem}-py-spy-{int(time.time())}.txt"
                 spy = stacks.py_spy(proc.pid, out)
                 if spy is not None:
                     paths.append(str(spy))
+                    continue
+            path = stacks.dump_path(self.run.path, proc.path.stem)
+            if stacks.request(proc.pid, path, f"{finding.kind}: {finding.message}"):
+                paths.append(str(path))
         return paths
 
-    def _export(self, finding: Finding, procs: list[ProcessRec]) -> None:
-        """The stall as an OTel event, and the involved ranks' open phases as incomplete spans."""
+    def last_words(self) -> None:
+        """Before SGLang tears the launch down (its SIGQUIT handler kills the process tree): one
+        last pass, so a rank that died is named, then the root cause. Bounded; never raises."""
+        try:
+            if self.lock.acquire(timeout=3.0):
+                self.lock.release()
+                self.step()
+            self.say_root_cause()
+        except Exception as exc:
+            log.debug("sglang-phasetrace: last words failed: %r", exc)
+
+    def say_root_cause(self) -> None:
+        if self.said_root_cause:
+            return
+        line = postmortem.root_cause_line(self.run, self.gone)
+        if line is not None:
+            self.said_root_cause = True
+            print(f"{PREFIX} {redact_text(line)}", file=self.out, flush=True)
+
+    def _export(self, finding: Finding, involved: list[ProcessRec]) -> None:
+        """The finding as an OTel event, and the involved ranks' open phases as incomplete spans."""
         rt = runtime.current()
         root = rt.root
         if root is not None and root.is_recording():
@@ -98,7 +161,7 @@ class Watchdog:
         if self._exporter:
             from .snapshot import incomplete_spans
 
-            for proc in procs:
+            for proc in involved:
                 for span in incomplete_spans(proc, time.time_ns(), finding.message):
                     self._exporter.on_end(span)
             exporters.flush(self._exporter, 5.0)  # bounded: a collector that does not answer holds no pass
@@ -107,14 +170,18 @@ class Watchdog:
         if self.abort_after is None:
             return
         for f in findings:
-            if time.monotonic() - self.first_seen.get(f.key, time.monotonic()) >= self.abort_after:
-                launcher = next((p for p in self.run.processes if p.role == "launcher"), None)
-                if launcher is not None:
-                    print(f"sglang-phasetrace: stall persisted {self.abort_after:.0f} s; sending SIGTERM to the "
-                          f"launcher (pid {launcher.pid}) as {keys.ENV_ABORT_AFTER} asks", file=self.out, flush=True)
-                    os.kill(launcher.pid, signal.SIGTERM)
-                self.abort_after = None
+            if time.monotonic() - self.first_seen.get(f.key, time.monotonic()) < self.abort_after:
+                continue
+            self.abort_after = None
+            launcher = next((p for p in self.run.processes if p.role == "launcher" and proven(p)), None)
+            if launcher is None:
+                print(f"{PREFIX} stall persisted; {keys.ENV_ABORT_AFTER} is set but no launcher of this run is "
+                      "running on this host: nothing signalled", file=self.out, flush=True)
                 return
+            print(f"{PREFIX} stall persisted {f.since_s:.0f} s; sending SIGTERM to the launcher (pid "
+                  f"{launcher.pid}) as {keys.ENV_ABORT_AFTER} asks", file=self.out, flush=True)
+            os.kill(launcher.pid, signal.SIGTERM)
+            return
 
     def loop(self) -> None:
         """Poll at the heartbeat interval until stopped; never dies of an error."""
@@ -135,11 +202,25 @@ def _float_env(name: str) -> float | None:
         return None
 
 
+_launcher_dog: Watchdog | None = None
+
+
 def start_in_launcher(rt: runtime.Runtime) -> Watchdog | None:
     """Watch this launch from the launching process until it is ready (or exits)."""
+    global _launcher_dog
     if os.environ.get(keys.ENV_WATCHDOG, "1") == "0" or rt.run_dir is None:
         return None
-    dog = Watchdog(rt.run_dir, record=rt.write)
+    os.environ[keys.ENV_LAUNCHER] = str(os.getpid())  # ranks spawned from here start tracing at import
+    dog = _launcher_dog = Watchdog(rt.run_dir, record=rt.write)
     rt.on_ready.append(dog.stop.set)
+    atexit.register(launcher_last_words)  # a launch that ends before ready: its post-mortem
     threading.Thread(target=dog.loop, name="phasetrace-watchdog", daemon=True).start()
     return dog
+
+
+def launcher_last_words() -> None:
+    """Called as SGLang starts tearing the launch down (see ``patches``): name who ended first."""
+    dog = _launcher_dog
+    if dog is not None and not dog.stop.is_set():
+        dog.stop.set()
+        dog.last_words()

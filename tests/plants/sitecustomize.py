@@ -30,3 +30,50 @@ if os.environ.get("PLANT_STALL_TP_RANK"):
             return result
 
         module.LlamaForCausalLM.get_embed_and_head = get_embed_and_head
+
+if os.environ.get("PLANT_KILL_TP_RANK"):
+    import functools
+    import signal
+    import time
+
+    import wrapt
+
+    @wrapt.when_imported("sglang.srt.model_loader.loader")
+    def _plant_kill(module):
+        """The rank named by ``PLANT_KILL_TP_RANK`` is SIGKILLed inside weight loading, as the
+        OOM killer ends a rank that reads a big checkpoint."""
+        original = module.DefaultModelLoader.load_model
+
+        @functools.wraps(original)
+        def load_model(self, *args, **kwargs):
+            from sglang.srt.distributed.parallel_state import get_tensor_model_parallel_rank
+
+            if get_tensor_model_parallel_rank() == int(os.environ["PLANT_KILL_TP_RANK"]):
+                time.sleep(float(os.environ.get("PLANT_KILL_AFTER_S", "1")))
+                os.kill(os.getpid(), signal.SIGKILL)
+            return original(self, *args, **kwargs)
+
+        module.DefaultModelLoader.load_model = load_model
+
+if os.environ.get("PLANT_HANG_EARLY_TP_RANK"):
+    import functools
+    import time
+
+    import wrapt
+
+    @wrapt.when_imported("sglang.srt.managers.scheduler")
+    def _plant_hang_early(module):
+        """The rank named by ``PLANT_HANG_EARLY_TP_RANK`` hangs at the top of its process, before its
+        first phase (where plugin loading or NUMA binding hang in real launches)."""
+        original = module.run_scheduler_process
+
+        @functools.wraps(original)
+        def run_scheduler_process(*args, **kwargs):
+            import inspect
+
+            bound = inspect.signature(original).bind_partial(*args, **kwargs).arguments
+            if bound.get("tp_rank") == int(os.environ["PLANT_HANG_EARLY_TP_RANK"]):
+                time.sleep(600)  # bounded; the test kills the process group long before
+            return original(*args, **kwargs)
+
+        module.run_scheduler_process = run_scheduler_process

@@ -10,7 +10,7 @@ import argparse
 import gc
 import sys
 
-from .command import EXIT_FAILED, EXIT_STALLED, Command, CommandError
+from .command import EXIT_FAILED, EXIT_STALLED, Command, CommandError, where
 
 EPILOG = f"""\
 exit codes: 0 fine, 1 error, 2 bad usage, {EXIT_STALLED} a rank is stalled, {EXIT_FAILED} a rank failed.
@@ -34,12 +34,20 @@ def commands() -> list[Command]:
 
 def build_parser(verbs: list[Command]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="phasetrace", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
-        description="See where each SGLang rank spends its startup, live or after the fact.")
+        prog="phasetrace",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG,
+        description="See where each SGLang rank spends its startup, live or after the fact.",
+    )
     sub = parser.add_subparsers(dest="verb", metavar="COMMAND", required=True)
     for verb in verbs:
-        p = sub.add_parser(verb.name, help=verb.help, description=verb.description, epilog=EPILOG,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(
+            verb.name,
+            help=verb.help,
+            description=verb.description,
+            epilog=EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         verb.add_arguments(p)
         p.set_defaults(command=verb)
     return parser
@@ -62,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `phasetrace timeline RUN | head`
         sys.stderr.close()
         return 0
+    except Exception as exc:  # a bug of ours: one line that says where, not a traceback
+        print(f"phasetrace {args.verb}: internal error: {exc!r}{where(exc)}; please report it", file=sys.stderr)
+        return 1
     finally:
         gc.enable()
 

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
+import traceback
 from pathlib import Path
 from typing import Protocol
 
 from rich.console import Console
 
-from ..rundir import RunView, load_run
+from ..render.term import clean
+from ..rundir import JOURNAL_DIR, RunView, load_run
 
 # Exit codes beyond 0 (fine), 1 (error) and 2 (bad usage, from argparse).
 EXIT_STALLED = 3
@@ -37,12 +41,41 @@ class Command(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
+def where(exc: BaseException) -> str:
+    """`` at FILE:LINE in FUNCTION``: the innermost frame of ``exc``'s traceback (for a bug report)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+
+
+def check_run_dir(path: str | Path, journal: bool = True) -> Path:
+    """``path`` as a run directory, or a ``CommandError`` saying why not: missing, a file,
+    unreadable, or (``journal``) without a readable ``journal/`` inside."""
+    path = Path(path)
+    for where, what in ((path, "run directory"), (path / JOURNAL_DIR, "journal directory")):
+        try:
+            mode = os.stat(where).st_mode
+            if stat.S_ISDIR(mode):
+                os.listdir(where)
+        except FileNotFoundError:
+            why = "it does not exist" if where == path else f"no {JOURNAL_DIR}/ inside"
+            raise CommandError(f"{path}: not a phasetrace run directory ({why})") from None
+        except OSError as exc:
+            raise CommandError(f"{where}: cannot read the {what} ({exc.strerror or exc})") from None
+        if not stat.S_ISDIR(mode):
+            raise CommandError(f"{where}: not a phasetrace run directory (not a directory)")
+        if not journal:
+            break
+    return path
+
+
 def open_run(path: str | Path) -> RunView:
     """Load a run directory; journal lines that cannot be used are reported once, on stderr."""
     try:
-        run = load_run(path)
+        run = load_run(check_run_dir(path))
     except FileNotFoundError as exc:
         raise CommandError(str(exc)) from None
+    for proc in run.processes:  # a bad status file is said here, with the journals' problems
+        run.status_file(proc)
     report_problems(run)
     if not run.processes:
         raise CommandError(f"{path}: no process journal in {Path(path) / 'journal'}")
@@ -52,7 +85,7 @@ def open_run(path: str | Path) -> RunView:
 def report_problems(run: RunView, said: set[str] | None = None) -> None:
     for problem in run.problems:
         if said is None or problem not in said:
-            print(f"phasetrace: skipped {problem}", file=sys.stderr)
+            print(f"phasetrace: skipped {clean(problem)}", file=sys.stderr)  # names and keys from the files
             if said is not None:
                 said.add(problem)
 

@@ -40,16 +40,21 @@ Phases that never ended count up to the end of the run and are marked (open).
         if len(lays) == 1:
             stats = within_run(lays[0])
             if args.json:
-                print(json.dumps({"run": args.runs[0], "phases": [s.to_json() for s in stats[:args.top]]}, indent=1))
+                print(json.dumps({"run": args.runs[0], "phases": [s.to_json() for s in stats[: args.top]]}, indent=1))
             else:
-                console.print(ranks_table(stats, f"{lays[0].run.run_id}: phases across ranks, largest skew first",
-                                          args.top))
+                console.print(
+                    ranks_table(stats, f"{lays[0].run.run_id}: phases across ranks, largest skew first", args.top)
+                )
             return 0
         a, b = lays
         deltas = between_runs(a, b)
         if args.json:
-            print(json.dumps({"a": args.runs[0], "b": args.runs[1], "phases": [d.to_json() for d in deltas[:args.top]]},
-                             indent=1))
+            print(
+                json.dumps(
+                    {"a": args.runs[0], "b": args.runs[1], "phases": [d.to_json() for d in deltas[: args.top]]},
+                    indent=1,
+                )
+            )
         else:
             title = f"slowest rank per phase, largest change first\n  A = {args.runs[0]}\n  B = {args.runs[1]}"
             console.print(runs_table(deltas, title, args.top))

@@ -14,7 +14,15 @@ from .command import make_console
 
 # Target states: what the patch engine would do with each candidate in this environment.
 USED, FALLBACK, UNUSED, MISSING, NO_MODULE, IMPORT_ERROR, NOT_FUNCTION, RUN_TIME = (
-    "used", "fallback", "unused", "missing", "no module", "import error", "not a function", "run time")
+    "used",
+    "fallback",
+    "unused",
+    "missing",
+    "no module",
+    "import error",
+    "not a function",
+    "run time",
+)
 
 
 @dataclass
@@ -146,19 +154,39 @@ be checked here. Exits 1 when a required phase resolves nowhere (tracing would m
         broken = [c for c in checks if c.required and c.status == "missing"]
         row = coverage_row(importer)
         if args.json:
-            print(json.dumps({"sglang": version, "phases": [c.to_json() for c in checks],
-                              "missing_required": [c.phase for c in broken], "coverage_row": row}, indent=1))
+            print(
+                json.dumps(
+                    {
+                        "sglang": version,
+                        "phases": [c.to_json() for c in checks],
+                        "missing_required": [c.phase for c in broken],
+                        "coverage_row": row,
+                    },
+                    indent=1,
+                )
+            )
         else:
             console = make_console()
-            console.print(doctor_table(checks, f"patch targets on SGLang {version or '(not installed)'}",
-                                       every_target=args.all))
+            console.print(
+                doctor_table(checks, f"patch targets on SGLang {version or '(not installed)'}", every_target=args.all)
+            )
             ok = sum(c.status == "ok" for c in checks)
-            console.print(f"{ok} of {len(checks)} phases resolve; "
-                          + (f"required but missing: {', '.join(c.phase for c in broken)}" if broken
-                             else "every required phase resolves"))
-            console.print(f"this release's row of docs/coverage.md (SGLang {version}): "
-                          + "  ".join(f"{phase} {cell}" for phase, cell in row.items()), soft_wrap=False)
+            console.print(
+                f"{ok} of {len(checks)} phases resolve; "
+                + (
+                    f"required but missing: {', '.join(c.phase for c in broken)}"
+                    if broken
+                    else "every required phase resolves"
+                )
+            )
+            console.print(
+                f"this release's row of docs/coverage.md (SGLang {version}): "
+                + "  ".join(f"{phase} {cell}" for phase, cell in row.items()),
+                soft_wrap=False,
+            )
             if any(c.status == RUN_TIME for c in checks):
-                console.print("'run time': '*:attr' targets are resolved on the model classes SGLang loads at "
-                              "run time (any architecture); they cannot be checked before a start.")
+                console.print(
+                    "'run time': '*:attr' targets are resolved on the model classes SGLang loads at "
+                    "run time (any architecture); they cannot be checked before a start."
+                )
         return 1 if broken else 0

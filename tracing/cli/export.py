@@ -16,7 +16,10 @@ from ..render.perfetto import to_perfetto
 from .command import CommandError, open_run, write_output
 
 FORMATS: dict[str, Callable[[Layout], dict[str, Any]]] = {
-    "jaeger": to_jaeger, "otlp-json": to_otlp_json, "perfetto": to_perfetto}
+    "jaeger": to_jaeger,
+    "otlp-json": to_otlp_json,
+    "perfetto": to_perfetto,
+}
 BATCH = 512  # spans per OTLP request: well under a collector's default 4 MiB message limit
 
 
@@ -32,8 +35,9 @@ def send(lay: Layout, endpoint: str, protocol: str, headers: dict[str, str], tim
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        exporter = OTLPSpanExporter(endpoint=url.netloc, insecure=url.scheme != "https", headers=headers,
-                                    timeout=timeout)
+        exporter = OTLPSpanExporter(
+            endpoint=url.netloc, insecure=url.scheme != "https", headers=headers, timeout=timeout
+        )
     else:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -44,7 +48,7 @@ def send(lay: Layout, endpoint: str, protocol: str, headers: dict[str, str], tim
     spans = to_sdk_spans(lay)
     try:
         for i in range(0, len(spans), BATCH):
-            if exporter.export(spans[i:i + BATCH]) is not SpanExportResult.SUCCESS:
+            if exporter.export(spans[i : i + BATCH]) is not SpanExportResult.SUCCESS:
                 raise CommandError(f"{endpoint} refused or did not answer ({protocol}); {i} of {len(spans)} spans sent")
     finally:
         exporter.shutdown()
@@ -68,15 +72,22 @@ Phases that never ended are marked (open / "did not end") rather than dropped.
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds journal/)")
-        parser.add_argument("--format", "-f", choices=sorted(FORMATS), default="jaeger",
-                            help="file format (default jaeger)")
-        parser.add_argument("-o", "--output", metavar="FILE",
-                            help="output file, '-' for stdout (default: RUN_DIR/export-<format>.json)")
+        parser.add_argument(
+            "--format", "-f", choices=sorted(FORMATS), default="jaeger", help="file format (default jaeger)"
+        )
+        parser.add_argument(
+            "-o", "--output", metavar="FILE", help="output file, '-' for stdout (default: RUN_DIR/export-<format>.json)"
+        )
         parser.add_argument("--endpoint", metavar="URL", help="send over OTLP to this collector instead of a file")
-        parser.add_argument("--protocol", choices=("http/protobuf", "grpc"), default="http/protobuf",
-                            help="OTLP protocol for --endpoint (default http/protobuf)")
-        parser.add_argument("--header", action="append", default=[], metavar="KEY=VALUE",
-                            help="extra OTLP request header (repeatable)")
+        parser.add_argument(
+            "--protocol",
+            choices=("http/protobuf", "grpc"),
+            default="http/protobuf",
+            help="OTLP protocol for --endpoint (default http/protobuf)",
+        )
+        parser.add_argument(
+            "--header", action="append", default=[], metavar="KEY=VALUE", help="extra OTLP request header (repeatable)"
+        )
         parser.add_argument("--timeout", type=float, default=10.0, metavar="S", help="OTLP request timeout")
 
     def run(self, args: argparse.Namespace) -> int:

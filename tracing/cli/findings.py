@@ -14,17 +14,22 @@ def from_record(record: dict[str, Any]) -> Finding:
     waiting = record.get("waiting")
     stacks = record.get("stacks")
     return Finding(
-        kind=str(record.get("finding") or "stall"), label=str(record.get("label") or ""),
-        pid=int(record.get("pid") or 0), phase=record.get("phase"), since_s=float(record.get("since_s") or 0.0),
+        kind=str(record.get("finding") or "stall"),
+        label=str(record.get("label") or ""),
+        pid=int(record.get("pid") or 0),
+        phase=record.get("phase"),
+        since_s=float(record.get("since_s") or 0.0),
         message=str(record.get("message") or ""),
         waiting={str(k): str(v) for k, v in waiting.items()} if isinstance(waiting, dict) else {},
-        stacks=[str(s) for s in stacks] if isinstance(stacks, list) else [])
+        stacks=[str(s) for s in stacks] if isinstance(stacks, list) else [],
+    )
 
 
 def process_of(run: RunView, finding: Finding) -> ProcessRec | None:
     procs = run.processes
-    return (next((p for p in procs if finding.pid and p.pid == finding.pid), None)
-            or next((p for p in procs if finding.label and p.label == finding.label), None))
+    return next((p for p in procs if finding.pid and p.pid == finding.pid), None) or next(
+        (p for p in procs if finding.label and p.label == finding.label), None
+    )
 
 
 def _holds(run: RunView, finding: Finding) -> bool:

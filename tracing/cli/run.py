@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -12,12 +13,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import keys
+from .. import files, keys
 from ..render.lanes import Layout, layout
 from ..render.run_text import status_line, summary
 from ..render.verdict import rank_lanes
 from ..rundir import RunView
-from .command import CommandError, report_problems
+from .command import CommandError, report_problems, where
 from .export import export_file
 from .findings import by_process, findings
 from .report import write_report
@@ -39,6 +40,70 @@ def new_run_dir(base: str | None) -> Path:
     return (Path(base) / path.name).resolve() if base else path
 
 
+def make_run_dir(base: str | None) -> Path:
+    """A fresh private run directory (0700), or a ``CommandError`` before anything is started."""
+    run_dir = new_run_dir(base)
+    try:
+        files.check_base(run_dir.parent)
+        files.private_dir(run_dir)
+    except OSError as exc:
+        raise CommandError(
+            f"cannot create a run directory under {run_dir.parent}: {exc.strerror if exc.strerror else exc}"
+        ) from None
+    return run_dir
+
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class Forwarding:
+    """While the command runs, a SIGTERM, SIGHUP or SIGINT sent to ``phasetrace run`` goes to the
+    command, and ``phasetrace run`` keeps waiting for it (so ``kill``, ``docker stop``, a batch
+    scheduler reach the server, and get its exit code back). A signal this process ignores (``nohup``,
+    a background job) stays ignored. A Ctrl-C at the terminal already reached the command, which shares
+    our foreground process group: that SIGINT is not sent twice."""
+
+    def __init__(self, child: subprocess.Popen) -> None:
+        self.child = child
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> Forwarding:
+        for sig in FORWARDED:
+            try:
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self.previous[sig] = signal.signal(sig, self.forward)
+            except (ValueError, OSError):  # not the main thread: nothing forwarded
+                pass
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, previous in self.previous.items():
+            signal.signal(sig, previous)
+
+    def forward(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and _terminal_sent_both():
+            return
+        with contextlib.suppress(OSError):  # already gone
+            self.child.send_signal(signum)
+
+
+def _terminal_sent_both() -> bool:
+    """We are the terminal's foreground process group (the command with us): a Ctrl-C reached both."""
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError):
+            return os.tcgetpgrp(fd) == os.getpgrp()
+    return False
+
+
+def wait(child: subprocess.Popen) -> int:
+    """The command's exit status, however long it takes (signals to us are forwarded meanwhile)."""
+    while True:
+        try:
+            return child.wait()
+        except KeyboardInterrupt:  # a SIGINT before our handler was set, or one we did not forward
+            continue
+
+
 def milestone(lay: Layout, stalled: bool) -> str | None:
     """``stalled``, ``failed``, ``ready`` (every rank and the launcher), or None while starting."""
     if stalled:
@@ -47,8 +112,10 @@ def milestone(lay: Layout, stalled: bool) -> str | None:
     if any(lane.state in ("failed", "incomplete") for lane in ranks):
         return "failed"
     launchers = [lane for lane in lay.lanes if lane.proc.role == "launcher"]
-    launched = all(lane.state == "ready" or any(b.span.phase == "server.wait_ready" and b.span.status == "ok"
-                                                for b in lane.bars) for lane in launchers)
+    launched = all(
+        lane.state == "ready" or any(b.span.phase == "server.wait_ready" and b.span.status == "ok" for b in lane.bars)
+        for lane in launchers
+    )
     return "ready" if ranks and launched and all(lane.state == "ready" for lane in ranks) else None
 
 
@@ -91,19 +158,22 @@ Returns the command's exit code.
   phasetrace run --dir /tmp/runs -- python my_engine_script.py"""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--dir", metavar="BASE", help=f"where run directories go "
-                            f"(default ${keys.ENV_BASE_DIR}, else ./{keys.DEFAULT_BASE_DIR})")
+        parser.add_argument(
+            "--dir",
+            metavar="BASE",
+            help=f"where run directories go (default ${keys.ENV_BASE_DIR}, else ./{keys.DEFAULT_BASE_DIR})",
+        )
         parser.add_argument("--quiet", action="store_true", help="no live status line")
         parser.add_argument("--interval", type=float, default=0.5, metavar="S", help="status refresh (default 0.5)")
-        parser.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND …",
-                            help="the launch command, after --")
+        parser.add_argument(
+            "command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND …", help="the launch command, after --"
+        )
 
     def run(self, args: argparse.Namespace) -> int:
         command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
         if not command:
             raise CommandError("nothing to run; usage: phasetrace run -- <command …>", 2)
-        run_dir = new_run_dir(args.dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = make_run_dir(args.dir)
         env = dict(os.environ)
         env[keys.ENV_RUN_DIR] = str(run_dir)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hooks_dir()), env.get("PYTHONPATH", "")) if p)
@@ -113,49 +183,86 @@ Returns the command's exit code.
         except OSError as exc:
             run_dir.rmdir()  # empty: nothing ran
             raise CommandError(f"cannot start {command[0]}: {exc.strerror or exc}", 127) from None
-        previous = signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
-        try:
-            rc = self.watch(child, RunView(run_dir), LiveLine(not args.quiet), args.interval)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        with Forwarding(child):
+            try:
+                self.watch(child, RunView(run_dir), LiveLine(not args.quiet), args.interval)
+            finally:  # whatever happened in here, the command is never left behind unsupervised
+                rc = wait(child)
         return rc if rc >= 0 else 128 - rc
 
-    def watch(self, child: subprocess.Popen, view: RunView, line: LiveLine, interval: float) -> int:
+    def watch(self, child: subprocess.Popen, view: RunView, line: LiveLine, interval: float) -> None:
+        """Show the live line and the summary at each milestone until the command exits. A failure
+        of ours in here is said once and the live view stops; the command is still waited for."""
         self.said: set[str] = set()  # journal problems already reported
+        self.failures: set[str] = set()
+        self.child, self.line = child, line
         reported: str | None = None
+        live = True
         while True:
             try:
-                rc = child.wait(timeout=interval)
+                child.wait(timeout=interval)
                 break
             except subprocess.TimeoutExpired:
                 pass
-            except KeyboardInterrupt:  # the child got the same Ctrl-C: let it finish its own way
+            if not live:
                 continue
-            lay, found = self.look(view)
-            if not lay.lanes:
-                continue
-            verdicts = by_process(view, found)
-            line.show(status_line(lay, verdicts), [(lane.label, lane.state, lane.where and lane.where.key)
-                                                   for lane in rank_lanes(lay)])
-            reached = milestone(lay, bool(found))
-            if reached is not None and reached != reported:
-                line.clear()
-                self.finish(lay, found)
-                reported = reached
-        line.clear()
+            try:
+                reported = self.step(view, line, reported)
+            except Exception as exc:
+                self.failed("the live status", exc)
+                live = False
+        try:
+            line.clear()
+            self.wrap_up(view, child.returncode, reported)
+        except Exception as exc:
+            self.failed("the summary", exc)
+
+    def step(self, view: RunView, line: LiveLine, reported: str | None) -> str | None:
+        """One refresh of the live line; the summary when a milestone is reached. Returns the
+        latest milestone reported."""
+        lay, found = self.look(view)
+        if not lay.lanes:
+            return reported
+        verdicts = by_process(view, found)
+        line.show(
+            status_line(lay, verdicts),
+            [(lane.label, lane.state, lane.where and lane.where.key) for lane in rank_lanes(lay)],
+        )
+        reached = milestone(lay, bool(found))
+        if reached is not None and reached != reported:
+            line.clear()
+            self.finish(lay, found)
+            return reached
+        return reported
+
+    def wrap_up(self, view: RunView, rc: int, reported: str | None) -> None:
         view.refresh(final=True)
         lay, found = self.look(view, final=True)
         if not lay.lanes:
-            print(f"phasetrace: the command exited {rc} and no traced process wrote to {view.path} "
-                  "(did it start SGLang?)", file=sys.stderr)
+            print(
+                f"phasetrace: the command exited {rc} and no traced process wrote to {view.path} "
+                "(did it start SGLang?)",
+                file=sys.stderr,
+            )
         elif reported is None:
             print(f"phasetrace: the command exited with {rc}", file=sys.stderr)
             self.finish(lay, found)
         else:  # the summary was printed at the milestone; bring the files up to the final state
             self.finish(lay, found, quiet=True)
-            print(f"phasetrace: the command exited with {rc}; report and exports updated in {view.path}",
-                  file=sys.stderr)
-        return rc
+            print(
+                f"phasetrace: the command exited with {rc}; report and exports updated in {view.path}", file=sys.stderr
+            )
+
+    def failed(self, what: str, exc: Exception) -> None:
+        """Say once that our own code failed (if stderr still takes it); the command runs on regardless."""
+        text = f"{exc!r}{where(exc)}"
+        if text in self.failures:
+            return
+        self.failures.add(text)
+        still = f"; still waiting for the command (pid {self.child.pid})" if self.child.poll() is None else ""
+        with contextlib.suppress(Exception):
+            self.line.clear()
+            print(f"phasetrace: internal error in {what}: {text}{still}; please report it", file=sys.stderr, flush=True)
 
     @staticmethod
     def look(view: RunView, final: bool = False) -> tuple[Layout, list[Any]]:
@@ -168,12 +275,16 @@ Returns the command's exit code.
     def finish(self, lay: Layout, found: list[Any], quiet: bool = False) -> None:
         """Print the summary; write the report and exports; print their paths."""
         if not quiet:
-            for text in summary(lay, found, by_process(lay.run, found)):
-                print(f"phasetrace: {text}", file=sys.stderr)
+            try:
+                for text in summary(lay, found, by_process(lay.run, found)):
+                    print(f"phasetrace: {text}", file=sys.stderr)
+            except Exception as exc:  # the files below are still written
+                self.failed("the summary", exc)
             report_problems(lay.run, self.said)
         outputs = [("report", lay.run.path / "report.html", lambda p: write_report(lay, str(p)))]
-        outputs += [(fmt, lay.run.path / f"export-{fmt}.json", lambda p, f=fmt: export_file(lay, f, str(p)))
-                    for fmt in EXPORTS]
+        outputs += [
+            (fmt, lay.run.path / f"export-{fmt}.json", lambda p, f=fmt: export_file(lay, f, str(p))) for fmt in EXPORTS
+        ]
         for name, path, write in outputs:
             try:
                 write(path)
@@ -181,4 +292,6 @@ Returns the command's exit code.
                     print(f"phasetrace: {name}: {path}", file=sys.stderr)
             except (CommandError, OSError) as exc:
                 print(f"phasetrace: {name} not written: {exc}", file=sys.stderr)
+            except Exception as exc:  # a bug in one renderer: the others are still written
+                self.failed(f"the {name}", exc)
         sys.stderr.flush()

@@ -11,13 +11,13 @@ import time
 import psutil
 from rich.console import Group
 from rich.live import Live
-from rich.text import Text
 
 from ..diagnose import Finding, Thresholds
 from ..render.lanes import layout
 from ..render.status_table import StatusRow, status_rows, status_table, verdict_lines
+from ..render.term import text
 from ..rundir import RunView
-from .command import EXIT_FAILED, EXIT_STALLED, CommandError, make_console, report_problems
+from .command import EXIT_FAILED, EXIT_STALLED, check_run_dir, make_console, report_problems
 from .findings import by_process, findings
 
 
@@ -52,14 +52,21 @@ failed, so scripts can poll it:
         parser.add_argument("--once", action="store_true", help="print one frame and exit")
         parser.add_argument("--json", action="store_true", help="one JSON document (implies --once)")
         parser.add_argument("--interval", type=float, default=1.0, metavar="S", help="refresh period (default 1)")
-        parser.add_argument("--silent-after", type=float, metavar="S",
-                            help="no heartbeat for this long counts as silent (default: "
-                                 "$SGLANG_PHASETRACE_SILENT_S, else 3 heartbeats)")
+        parser.add_argument(
+            "--silent-after",
+            type=float,
+            metavar="S",
+            help="no heartbeat for this long counts as silent (default: "
+            "$SGLANG_PHASETRACE_SILENT_S, else 3 heartbeats)",
+        )
 
-    def frame(self, view: RunView, args: argparse.Namespace, said: set[str],
-              ) -> tuple[list[StatusRow], list[Finding], Group]:
+    def frame(
+        self,
+        view: RunView,
+        args: argparse.Namespace,
+        said: set[str],
+    ) -> tuple[list[StatusRow], list[Finding], Group]:
         view.refresh()
-        report_problems(view, said)
         now = time.time_ns()
         lay = layout(view, now)
         thresholds = Thresholds.from_env()
@@ -69,21 +76,28 @@ failed, so scripts can poll it:
         here = socket.gethostname()
         alive = {p.pid: psutil.pid_exists(p.pid) for p in view.processes if p.host == here}
         rows = status_rows(lay, now, by_process(view, found), alive)
+        report_problems(view, said)  # the journals' and the status files' (read by the rows)
         unnamed = [f for f in found if f.pid not in {r.pid for r in rows if r.state == "stalled"}]
-        extra = [Text(f"{f.kind}: {f.message}", style="red") for f in unnamed]
+        extra = [text(f"{f.kind}: {f.message}", style="red") for f in unnamed]
         table = status_table(rows, f"{view.run_id}  ({len(rows)} processes)")
         return rows, found, Group(table, *verdict_lines(rows), *extra)
 
     def run(self, args: argparse.Namespace) -> int:
-        view = RunView(args.run_dir)
-        if not (view.path / "journal").is_dir():
-            raise CommandError(f"{view.path}: not a phasetrace run directory (no journal/ inside)")
+        view = RunView(check_run_dir(args.run_dir))
         said: set[str] = set()
         rows, found, shown = self.frame(view, args, said)
         if args.json:
-            print(json.dumps({"run": str(view.path), "exit_code": exit_code(rows, found),
-                              "ranks": [r.to_json() for r in rows],
-                              "findings": [dataclasses.asdict(f) for f in found]}, indent=1))
+            print(
+                json.dumps(
+                    {
+                        "run": str(view.path),
+                        "exit_code": exit_code(rows, found),
+                        "ranks": [r.to_json() for r in rows],
+                        "findings": [dataclasses.asdict(f) for f in found],
+                    },
+                    indent=1,
+                )
+            )
             return exit_code(rows, found)
         console = make_console()
         if args.once or finished(rows):

@@ -23,9 +23,13 @@ capitals; a phase that never ended (still running, or the process died there) en
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds journal/)")
-        parser.add_argument("--depth", type=int, default=1, metavar="N",
-                            help="phase levels below each process root to draw, one row each (default 1; "
-                                 "0 draws the roots)")
+        parser.add_argument(
+            "--depth",
+            type=int,
+            default=1,
+            metavar="N",
+            help="phase levels below each process root to draw, one row each (default 1; 0 draws the roots)",
+        )
         parser.add_argument("--width", type=int, metavar="COLS", help="chart width (default: the terminal's)")
 
     def run(self, args: argparse.Namespace) -> int:

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import sys
 import time
 from pathlib import Path
 
+from .. import records
 from ..diagnose import Thresholds
-from ..journal import SCHEMA_VERSION, JournalWriter
+from ..journal import JournalWriter
 from ..rundir import JOURNAL_DIR
 from ..watchdog import Watchdog
-from .command import EXIT_STALLED, CommandError
+from .command import EXIT_STALLED, check_run_dir, report_problems
 
 
 class Watch:
@@ -32,34 +34,50 @@ example:  phasetrace watch phasetrace-runs/20261129-101500-ab12cd --stall-s 60
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         defaults = Thresholds.from_env()
         parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory written by a traced launch")
-        parser.add_argument("--stall-s", type=float, default=defaults.stall_s,
-                            help="no progress for this long while peers wait = straggler (default %(default)s)")
-        parser.add_argument("--silent-s", type=float, default=defaults.silent_s,
-                            help="no heartbeat for this long = silent (default %(default)s)")
-        parser.add_argument("--no-progress-s", type=float, default=defaults.no_progress_s,
-                            help="nothing moved on any rank for this long (default %(default)s)")
-        parser.add_argument("--interval", type=float, default=defaults.heartbeat_s,
-                            help="seconds between passes (default: the heartbeat interval, %(default)s)")
-        parser.add_argument("--exit-on-stall", action="store_true",
-                            help=f"exit with code {EXIT_STALLED} at the first finding (for scripts)")
+        parser.add_argument(
+            "--stall-s",
+            type=float,
+            default=defaults.stall_s,
+            help="no progress for this long while peers wait = straggler (default %(default)s)",
+        )
+        parser.add_argument(
+            "--silent-s",
+            type=float,
+            default=defaults.silent_s,
+            help="no heartbeat for this long = silent (default %(default)s)",
+        )
+        parser.add_argument(
+            "--no-progress-s",
+            type=float,
+            default=defaults.no_progress_s,
+            help="nothing moved on any rank for this long (default %(default)s)",
+        )
+        parser.add_argument(
+            "--interval",
+            type=float,
+            default=defaults.heartbeat_s,
+            help="seconds between passes (default: the heartbeat interval, %(default)s)",
+        )
+        parser.add_argument(
+            "--exit-on-stall",
+            action="store_true",
+            help=f"exit with code {EXIT_STALLED} at the first finding (for scripts)",
+        )
         parser.add_argument("--timeout", type=float, help="give up after this many seconds")
         parser.add_argument("--no-py-spy", action="store_true", help="faulthandler stacks only")
 
     def run(self, args: argparse.Namespace) -> int:
-        run_dir = Path(args.run_dir)
-        if not run_dir.is_dir():
-            raise CommandError(f"{run_dir}: no such run directory")
+        run_dir = check_run_dir(args.run_dir, journal=False)  # a launch about to start may not have one yet
         th = Thresholds(args.interval, args.silent_s, args.stall_s, args.no_progress_s)
-        writer = JournalWriter(run_dir / JOURNAL_DIR / f"watch-{socket.gethostname()}-{os.getpid()}.jsonl")
-        writer.write({"v": SCHEMA_VERSION, "kind": "process", "t": time.time_ns(), "pid": os.getpid(),
-                      "ppid": os.getppid(), "host": socket.gethostname(), "run_id": run_dir.name, "resource": {}})
-        writer.write({"kind": "identity", "t": time.time_ns(), "label": "watch", "role": "watchdog", "attrs": {}})
-        dog = Watchdog(run_dir, th, out=sys.stderr, record=writer.write, py_spy=not args.no_py_spy)
+        writer = open_journal(run_dir)
+        dog = Watchdog(run_dir, th, out=sys.stderr, record=writer.write if writer else None, py_spy=not args.no_py_spy)
         deadline = time.monotonic() + args.timeout if args.timeout else None
         stalled = False
+        said: set[str] = set()
         try:
             while deadline is None or time.monotonic() < deadline:
                 stalled |= bool(dog.step())
+                report_problems(dog.run, said)
                 ranks = dog.run.ranks
                 if stalled and args.exit_on_stall:
                     break
@@ -70,5 +88,30 @@ example:  phasetrace watch phasetrace-runs/20261129-101500-ab12cd --stall-s 60
         except KeyboardInterrupt:
             pass
         finally:
-            writer.close()
+            if writer is not None:
+                writer.close()
         return EXIT_STALLED if stalled else 0
+
+
+def open_journal(run_dir: Path) -> JournalWriter | None:
+    """This watch's own journal in the run (its diagnoses), or None with one warning when the run
+    directory cannot be written (read-only, another user's): the watch then only prints."""
+    host, pid = socket.gethostname(), os.getpid()
+    path = run_dir / JOURNAL_DIR / f"watch-{host}-{pid}.jsonl"
+    writer = None
+    try:
+        writer = JournalWriter(path)
+        writer.write_or_raise(records.process(time.time_ns(), pid, os.getppid(), host, run_dir.name, None, {}))
+    except OSError as exc:
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # empty: no half-made process for readers
+        print(
+            f"phasetrace watch: cannot write {path} ({exc.strerror or exc}); watching without recording: "
+            "findings are printed here only",
+            file=sys.stderr,
+        )
+        return None
+    writer.write(records.identity(time.time_ns(), "watch", "watchdog", {}))
+    return writer

@@ -1,4 +1,7 @@
-"""Compare tables for the terminal: phases across the ranks of one run, or between two runs."""
+"""Compare tables for the terminal: phases across the ranks of one run, or between two runs.
+
+Phase keys, rank labels and the title come from journals and paths: shown through ``term.text``
+(no escape sequences, never read as rich markup)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .phase_stats import PhaseDelta, PhaseStat
+from .term import text
 from .units import duration, signed
 
 
@@ -20,21 +24,21 @@ def _skew(stat: PhaseStat | None) -> str:
 
 def ranks_table(stats: list[PhaseStat], title: str, limit: int | None = None) -> Table:
     """One row per phase: min / median / max across ranks, skew, and who was slowest."""
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=text(title), title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for name in ("phase", "ranks", "min", "median", "max", "skew", "slowest", "fastest"):
         table.add_column(name, justify="left" if name in ("phase", "slowest", "fastest") else "right", no_wrap=True)
     for s in stats[:limit]:
         several = len(s.per_rank) > 1
-        table.add_row(Text(s.key + (f" x{s.count}" if s.count > 1 else "")), str(len(s.per_rank)),
+        table.add_row(text(s.key + (f" x{s.count}" if s.count > 1 else "")), str(len(s.per_rank)),
                       duration(s.min), duration(s.median), duration(s.max) + _open_mark(s),
                       Text(_skew(s), style="bold" if several and s.skew > 0.1 * s.max else ""),
-                      s.slowest if several else "", s.fastest if several else "")
+                      text(s.slowest if several else ""), text(s.fastest if several else ""))
     return table
 
 
 def runs_table(deltas: list[PhaseDelta], title: str, limit: int | None = None) -> Table:
     """One row per phase: the slowest rank's time in A and B, the change, and each run's skew."""
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=text(title), title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for name in ("phase", "A", "B", "Δ", "Δ%", "skew A", "skew B"):
         table.add_column(name, justify="left" if name == "phase" else "right", no_wrap=True)
     for d in deltas[:limit]:
@@ -42,7 +46,7 @@ def runs_table(deltas: list[PhaseDelta], title: str, limit: int | None = None) -
         change = d.delta
         style = "" if change is None else ("red" if change > 0 else "green")
         table.add_row(
-            Text(d.key), duration(d.a.max) + _open_mark(d.a) if d.a else "—",
+            text(d.key), duration(d.a.max) + _open_mark(d.a) if d.a else "—",
             duration(d.b.max) + _open_mark(d.b) if d.b else "—", Text(signed(change), style=style),
             f"{j['delta_pct']:+.0f}%" if j["delta_pct"] is not None else "",
             _skew(d.a), _skew(d.b))

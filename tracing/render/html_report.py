@@ -4,19 +4,26 @@ timeline, compare table. No network: styles and script are inline, the data is e
 The verdict, diagnosis, errors and table are plain HTML (readable with scripts off); the timeline
 lanes are drawn by a small inline script from the embedded data, so a 1000-rank run stays a
 few MB instead of one element per span in the file.
+
+The journals are untrusted input: stack files are embedded only from ``RUN_DIR/stacks/`` (regular
+files, no links, size-capped), every embedded text is redacted, and the embedded JSON cannot end
+its ``<script>`` element (``<`` is written ``\\u003c``).
 """
 
 from __future__ import annotations
 
 import html
 import json
+import os
 import re
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from string import Template
 from typing import Any
 
 from ..diagnose import Finding
+from ..redact import redact_text
 from ..rundir import STACKS_DIR
 from .jsonout import dumps
 from .lanes import Layout
@@ -25,7 +32,7 @@ from .units import duration
 from .verdict import headline
 
 MAX_VALUE = 240  # characters of an attribute value shown on hover
-MAX_STACK = 200_000  # characters of one stack file embedded
+MAX_STACK = 256 * 1024  # bytes of one stack file embedded (its latest dumps: the end of the file)
 TABLE_ROWS = 40
 OPEN, ERROR, INCOMPLETE, SLOWEST = 1, 2, 4, 8
 
@@ -90,19 +97,54 @@ def timeline_data(lay: Layout, stats: dict[str, PhaseStat], verdicts: dict[int, 
 
 
 def stack_files(lay: Layout, found: list[Finding]) -> list[tuple[str, Path]]:
-    """(rank label, path) of stack dumps: those findings name, then RUN_DIR/stacks/* by pid."""
+    """(rank label, path) of stack dumps: those findings name, then RUN_DIR/stacks/* by pid.
+
+    A finding's name is looked up by its file name in RUN_DIR/stacks/ only (``/etc/passwd`` and
+    ``../../token`` are never read; a run directory moved elsewhere still finds its own dumps)."""
     by_pid = {lane.proc.pid: lane.label for lane in lay.lanes}
     out: dict[Path, str] = {}
-    for f in found:
-        for name in f.stacks:
-            path = Path(name)
-            out.setdefault(path if path.is_absolute() else lay.run.path / path, f.label)
     stacks = lay.run.path / STACKS_DIR
-    for path in sorted(stacks.glob("*.txt")) if stacks.is_dir() else ():
+    for f in found:
+        for name in f.stacks if isinstance(f.stacks, (list, tuple)) else ():
+            base = os.path.basename(str(name))
+            if base not in ("", ".", ".."):
+                out.setdefault(stacks / base, f.label)
+    for path in sorted(stacks.glob("*.txt")) if stacks.is_dir() and not stacks.is_symlink() else ():
         pids = [int(p) for p in re.findall(r"(?<![0-9])[0-9]+(?![0-9])", path.stem)]
         label = next((by_pid[p] for p in pids if p in by_pid), path.stem)
         out.setdefault(path, label)
     return [(label, path) for path, label in out.items()]
+
+
+def read_stack(run_path: Path, path: Path) -> str | None:
+    """The end of a stack file inside RUN_DIR/stacks/, redacted; None for anything else (a link, a
+    device, a directory, a path that resolves outside)."""
+    stacks = run_path / STACKS_DIR
+    try:
+        if stacks.is_symlink() or os.path.realpath(path.parent) != os.path.realpath(stacks):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        skipped = max(0, info.st_size - MAX_STACK)
+        if skipped:
+            os.lseek(fd, skipped, os.SEEK_SET)
+        chunks, left = [], MAX_STACK
+        while left > 0 and (chunk := os.read(fd, min(left, 65536))):
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    text = b"".join(chunks).decode("utf-8", errors="replace")
+    if skipped:
+        text = f"[truncated: the first {skipped} bytes are not shown]\n" + text
+    return redact_text(text)
 
 
 def _esc(value: Any) -> str:
@@ -115,7 +157,7 @@ def _diagnosis_html(found: list[Finding]) -> str:
         waiting = "".join(f"<tr><td>{_esc(k)}</td><td>{_esc(v)}</td></tr>" for k, v in f.waiting.items())
         parts.append(f"""<div class="finding" data-rank="{_esc(f.label)}"><h3>{_esc(f.kind)}: {_esc(f.label)}
 {f'in <code>{_esc(f.phase)}</code>' if f.phase else ''} for {_esc(duration(f.since_s))}</h3>
-<p>{_esc(f.message)}</p>{f'<table class="waiting"><tr><th>peer</th><th>waits in</th></tr>{waiting}</table>'
+<p>{_esc(redact_text(f.message))}</p>{f'<table class="waiting"><tr><th>peer</th><th>waits in</th></tr>{waiting}</table>'
                          if waiting else ''}</div>""")
     return "\n".join(parts)
 
@@ -124,14 +166,9 @@ def _stacks_html(lay: Layout, found: list[Finding]) -> str:
     """Non-empty stack dumps; open when there is a stall to explain."""
     parts = []
     for label, path in stack_files(lay, found):
-        try:
-            text = path.read_text(errors="replace")
-        except OSError as exc:
-            text = f"(cannot read {path}: {exc.strerror})"
-        if not text.strip():
+        text = read_stack(lay.run.path, path)
+        if text is None or not text.strip():
             continue
-        if len(text) > MAX_STACK:
-            text = text[-MAX_STACK:]
         parts.append(f'<details class="stack"{" open" if found else ""} data-rank="{_esc(label)}"><summary>'
                      f'stacks of {_esc(label)} <code>{_esc(path)}</code></summary><pre>{_esc(text)}</pre></details>')
     return "\n".join(parts)
@@ -170,7 +207,7 @@ def _compare_html(stats: list[PhaseStat]) -> str:
 
 def _problems_html(lay: Layout) -> str:
     items = [f"<li><code>{_esc(p)}</code></li>" for p in lay.run.problems]
-    items += [f"<li>{_esc(lane.label)}: {_esc(w)}</li>" for lane in lay.lanes for w in lane.proc.warnings]
+    items += [f"<li>{_esc(lane.label)}: {_esc(redact_text(w))}</li>" for lane in lay.lanes for w in lane.proc.warnings]
     return f"<ul>{''.join(items)}</ul>" if items else "<p>none</p>"
 
 
@@ -191,7 +228,13 @@ def render_report(lay: Layout, found: list[Finding], verdicts: dict[int, Finding
         errors=f'<section id="errors"><h2>Errors</h2>{errors}</section>' if errors else "",
         stacks=f'<section id="stacks"><h2>Stack dumps</h2>{stacks}</section>' if stacks else "",
         compare=_compare_html(stats), problems=_problems_html(lay),
-        data=dumps(data).decode("utf-8").replace("</", "<\\/"))
+        data=script_json(data))
+
+
+def script_json(data: Any) -> str:
+    """JSON to embed in a ``<script>`` element: ``<`` (``</script``, ``<!--``) written as ``\\u003c``,
+    which only occurs inside JSON strings, where it means the same character."""
+    return dumps(data).decode("utf-8").replace("<", "\\u003c")
 
 
 PAGE = Template("""<!doctype html>

@@ -4,6 +4,8 @@ The terminal timeline, the HTML report, the Jaeger/OTLP/Perfetto exports and the
 all read this layout, so "open", "depth", "phase key" and the run's time bounds mean the same
 everywhere. Ids are made unique across processes here because forked ranks can draw identical
 span ids (a process-wide ``random.seed`` in the rank also seeds OTel's id generator).
+Attributes, errors and events are redacted here, once for all of them: a journal written by hand
+or by another version may hold what ours never writes.
 """
 
 from __future__ import annotations
@@ -11,10 +13,44 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
+from ..redact import redact
 from ..rundir import ProcessRec, RunView, SpanRec
 
 OPEN_ATTR = "phasetrace.open"  # set on exported spans that never ended
+
+
+_MEMO: dict[tuple[str, str], Any] = {}  # (key, text) -> redacted: values repeat across spans and ranks
+
+
+def _redacted(key: str, value: Any) -> Any:
+    if isinstance(value, str):
+        hit = _MEMO.get((key, value))
+        if hit is None:
+            if len(_MEMO) > 100_000:
+                _MEMO.clear()
+            hit = _MEMO[(key, value)] = redact(value, key)
+        return hit
+    if isinstance(value, (bool, int, float)) or value is None:
+        return redact(value, key) if value not in (None, False) and key else value
+    return redact(value, key)
+
+
+def _scrub(span: SpanRec) -> None:
+    """Redact what every renderer shows of ``span`` (in place; a no-op on already clean values)."""
+    attrs = {k: _redacted(str(k), v) for k, v in span.attrs.items()}
+    if attrs != span.attrs:
+        span.attrs = attrs
+    if isinstance(span.error, dict):
+        error = {k: _redacted(str(k), v) for k, v in span.error.items()}
+        if error != span.error:
+            span.error = error
+    for event in span.events:
+        if isinstance(event, dict) and isinstance(event.get("attrs"), dict):
+            clean = {k: _redacted(str(k), v) for k, v in event["attrs"].items()}
+            if clean != event["attrs"]:
+                event["attrs"] = clean
 
 
 def phase_key(span: SpanRec) -> str:
@@ -114,6 +150,7 @@ def layout(run: RunView, now: int | None = None) -> Layout:
         own: dict[str, Bar] = {}
         bars = []
         for span in proc.spans.values():
+            _scrub(span)
             sid = span.span_id
             if sid and sid not in taken:
                 uid = sid

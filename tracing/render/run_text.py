@@ -1,4 +1,6 @@
-"""What ``phasetrace run`` prints: a one-line live status while ranks start, a summary at the end."""
+"""What ``phasetrace run`` prints: a one-line live status while ranks start, a summary at the end.
+
+Every line is returned through ``term.clean``: labels, phase names and errors come from journals."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ from collections import Counter
 
 from ..diagnose import Finding
 from .lanes import Lane, Layout
+from .term import clean
 from .units import duration
 from .verdict import headline, rank_lanes
 
@@ -34,7 +37,7 @@ def status_line(lay: Layout, verdicts: dict[int, Finding]) -> str:
             parts.append("…")
     singular, plural = ("rank", "ranks") if ranks[0].proc.role == "rank" else ("process", "processes")
     line = f"{len(ranks)} {singular if len(ranks) == 1 else plural}: " + " · ".join(parts)
-    return line + (f" · STALLED: {', '.join(stalled[:4])}" if stalled else "")
+    return clean(line + (f" · STALLED: {', '.join(stalled[:4])}" if stalled else ""))
 
 
 def summary(lay: Layout, found: list[Finding], verdicts: dict[int, Finding]) -> list[str]:
@@ -49,4 +52,4 @@ def summary(lay: Layout, found: list[Finding], verdicts: dict[int, Finding]) -> 
         lines.append(f"  {lane.label:<10} {state:<10} {duration(root.seconds) if root else '':>8}"
                      + (f"  longest {longest.key} {duration(longest.seconds)}" if longest else "")
                      + (f"  {'in' if state == 'running' else 'stopped in'} {where.key}" if where else ""))
-    return lines
+    return [clean(line) for line in lines]

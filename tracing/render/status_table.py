@@ -2,6 +2,7 @@
 
 Figures come from the journal (phase, time in phase) and the latest heartbeat (age, progress,
 CPU, memory, GPU, collective). A field the heartbeat does not carry is left blank, never guessed.
+Every cell and line is shown through ``term.text``: journals and status files are untrusted input.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from rich.text import Text
 
 from ..diagnose import Finding
 from .lanes import Lane, Layout
+from .term import text
 from .units import duration, size
 
 
@@ -138,14 +140,14 @@ def status_table(rows: list[StatusRow], title: str) -> Table:
     """Columns no row has a value for (e.g. gpu on a CPU run) are left out."""
     cells = [_cells(r) for r in rows]
     keep = [i for i in range(len(COLUMNS)) if i < 3 or any(c[i] for c in cells)]
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=text(title), title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for i in keep:
         table.add_column(COLUMNS[i], justify="right" if COLUMNS[i] in RIGHT else "left", no_wrap=True)
     for r, row in zip(rows, cells, strict=True):
-        table.add_row(*(Text(row[i], style=STATE_STYLE.get(r.state, "") if i == 2 else "") for i in keep))
+        table.add_row(*(text(row[i], style=STATE_STYLE.get(r.state, "") if i == 2 else "") for i in keep))
     return table
 
 
 def verdict_lines(rows: list[StatusRow]) -> list[Text]:
     """The full stall verdicts, one line per rank, under the table."""
-    return [Text(f"{r.label}: {r.verdict}", style="red") for r in rows if r.verdict]
+    return [text(f"{r.label}: {r.verdict}", style="red") for r in rows if r.verdict]

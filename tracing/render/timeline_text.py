@@ -3,6 +3,7 @@
 Each phase key gets a letter; a cell shows the phase that covers most of its time slice, so the
 chart stays legible without colour (pipes, CI logs). The slowest rank of a phase draws it in
 capitals; a phase that never ended finishes with ``>`` and its row says where it is open.
+Names and labels come from the journals: each goes through ``term.clean`` before it is shown.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from rich.text import Text
 
 from .lanes import Bar, Lane, Layout
 from .phase_stats import phase_stats
+from .term import clean
 from .units import duration
 
 GLYPHS = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -100,9 +102,9 @@ def _tail(lane: Lane) -> str:
     total = duration(root.seconds) if root else ""
     where = lane.where
     if lane.state == "running" and where is not None:
-        return f"{total} open in {where.key}"
+        return f"{total} open in {clean(where.key)}"
     if lane.state in ("failed", "incomplete") and where is not None:
-        return f"{total} {lane.state} in {where.key}"
+        return f"{total} {lane.state} in {clean(where.key)}"
     return f"{total} {lane.state}"
 
 
@@ -114,7 +116,7 @@ def render_timeline(lay: Layout, width: int = 100, depth: int = 1) -> list[Text]
     lines = [Text(f"{'':<{LABEL_W}} ") + _axis(lay, chart_w) + Text(f"  total {duration(lay.seconds)}")]
     for lane in lay.lanes:
         for n, level in enumerate(depths):
-            label = lane.label if n == 0 else ""
+            label = clean(lane.label) if n == 0 else ""
             row = Text(f"{label[:LABEL_W]:<{LABEL_W}} ", style="bold" if n == 0 else "")
             row += _row(_bars(lane, level), lay, chart_w, legend, lane.label)
             if n == 0:
@@ -124,11 +126,11 @@ def render_timeline(lay: Layout, width: int = 100, depth: int = 1) -> list[Text]
     lines.append(Text("legend (capitals: the slowest rank of that phase; '>': still open)", style="dim"))
     for item in legend.values():
         line = Text(f"  {item.glyph}  ", style=f"bold {item.color}")
-        line += Text(f"{item.key:<40} {item.spread:>16}")
+        line += Text(f"{clean(item.key):<40} {item.spread:>16}")
         if item.slowest:
-            line += Text(f"  slowest {item.slowest}")
+            line += Text(f"  slowest {clean(item.slowest)}")
         if item.open_in:
-            line += Text(f"  open in {', '.join(item.open_in[:4])}{' …' if len(item.open_in) > 4 else ''}",
-                         style="red")
+            shown = ", ".join(clean(label) for label in item.open_in[:4])
+            line += Text(f"  open in {shown}{' …' if len(item.open_in) > 4 else ''}", style="red")
         lines.append(line)
     return lines

@@ -1,0 +1,420 @@
+"""What tracing writes is private and never follows a planted link; an unwritable, unsafe or full
+run directory costs SGLang one warning per process, never a flood, a leak, a torn record or its
+OTLP export. Read-only and full filesystems are real tmpfs mounts where this user may mount (root);
+a full disk is also faked at ``os.write`` so the torn-record logic runs everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import stat
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, free_port, requires_sglang, run_program
+from sglang_phasetrace.tracing import files, heartbeat, journal, runtime, spans
+from sglang_phasetrace.tracing.journal import JournalWriter, read_journal
+from sglang_phasetrace.tracing.rundir import load_run
+
+PHASES = 30
+
+
+@pytest.fixture(autouse=True)
+def said_afresh() -> Iterator[None]:
+    """Each test is a fresh process as far as "said once" goes."""
+    files._said.clear()
+    yield
+    files._said.clear()
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "sglang_phasetrace" and r.levelno >= logging.WARNING]
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str = "64k", ro: bool = False) -> Iterator[Path]:
+    """A real tmpfs of ``size`` at ``path`` (mode 0700), unmounted after; skips where mount is refused."""
+    path.mkdir(parents=True, exist_ok=True)
+    opts = f"size={size},mode=0700" + (",ro" if ro else "")
+    try:
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True, text=True, timeout=30
+        )
+    except OSError as exc:
+        pytest.skip(f"cannot mount a tmpfs here: {exc}")
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
+
+
+def fill(directory: Path) -> Path:
+    """Fill the filesystem of ``directory`` to the last byte; returns the filler file."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"x" * 4096)
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"x")
+    finally:
+        os.close(fd)
+    return filler
+
+
+def run_phases(n: int = PHASES) -> list[spans.PhaseSpan | None]:
+    started = []
+    for i in range(n):
+        phase = spans.start_phase(f"phase.{i}", {"sglang.phase": f"phase.{i}", "i": i})
+        if phase is not None:
+            phase.event("tick", {"i": i})
+            phase.end()
+        started.append(phase)
+    return started
+
+
+def wait_for(path: Path, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert path.exists(), f"{path} never appeared"
+
+
+# -- private, and no link followed -------------------------------------------------------------------
+
+
+def test_everything_a_traced_process_writes_is_private_whatever_the_umask(trace_run_dir: Path) -> None:
+    old = os.umask(0)
+    try:
+        root = spans.start_phase("rank tp0", {"sglang.phase": "rank"}, root=True)
+        run_phases(3)
+        beat = heartbeat._current
+        wait_for(beat.status_path)
+        beat.beat()
+        root.end()
+    finally:
+        os.umask(old)
+    made = [trace_run_dir, *trace_run_dir.rglob("*")]
+    assert {p.relative_to(trace_run_dir).parts[0] for p in made[1:]} >= {"journal", "status"}
+    for path in made:
+        mode = stat.S_IMODE(os.lstat(path).st_mode)
+        assert not path.is_symlink()
+        assert mode == (0o700 if path.is_dir() else 0o600), f"{path}: {mode:o}"
+
+
+def _plant(link: Path, target: Path) -> None:
+    files.private_dir(link.parent)
+    link.symlink_to(target)
+
+
+def test_a_link_planted_at_the_journal_is_not_followed(
+    trace_run_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    ident = runtime.current().identity
+    link = trace_run_dir / "journal" / f"{ident.host}-{ident.pid}.jsonl"
+    _plant(link, victim)
+    assert run_phases(3) == [None] * 3
+    assert victim.read_text() == "precious\n"
+    (warning,) = warnings_of(caplog)
+    assert str(link) in warning and "tracing off in this process" in warning
+
+
+def test_links_planted_at_the_status_file_and_its_old_temp_are_not_followed(
+    trace_run_dir: Path, tmp_path: Path
+) -> None:
+    ident = runtime.current().identity
+    status = trace_run_dir / "status" / f"{ident.host}-{ident.pid}.json"
+    victims = {status: tmp_path / "victim1.txt", status.with_suffix(".tmp"): tmp_path / "victim2.txt"}
+    for link, victim in victims.items():
+        victim.write_text("precious\n")
+        _plant(link, victim)
+    phase = spans.start_phase("phase", {"sglang.phase": "phase"})
+    beat = heartbeat._current
+    beat.beat()
+    phase.end()
+    assert all(v.read_text() == "precious\n" for v in victims.values())
+    assert not status.is_symlink() and json.loads(status.read_text())["kind"] == "heartbeat"
+    assert stat.S_IMODE(status.stat().st_mode) == 0o600
+
+
+def test_a_link_at_the_atomic_writes_temp_name_is_refused(tmp_path: Path, monkeypatch) -> None:
+    victim, target = tmp_path / "victim.txt", tmp_path / "status.json"
+    victim.write_text("precious\n")
+    monkeypatch.setattr(files.secrets, "token_hex", lambda n: "fixed")
+    (tmp_path / ".status.json.fixed.tmp").symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        files.write_atomic(target, b"new")
+    assert victim.read_text() == "precious\n" and not target.exists()
+
+
+def test_a_run_directory_that_is_a_link_is_refused(
+    trace_run_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    trace_run_dir.symlink_to(elsewhere)
+    assert run_phases(3) == [None] * 3
+    assert list(elsewhere.iterdir()) == []
+    (warning,) = warnings_of(caplog)
+    assert str(trace_run_dir) in warning and "symbolic link" in warning
+
+
+@pytest.mark.parametrize("unsafe", ["world-writable", "another user's", "a link"])
+def test_an_unsafe_base_directory_is_refused_with_one_warning(
+    unsafe: str, trace_run_dir: Path, tmp_path: Path, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    base = tmp_path / "shared"
+    if unsafe == "a link":
+        (tmp_path / "real").mkdir(mode=0o700)
+        base.symlink_to(tmp_path / "real")
+    else:
+        base.mkdir()
+        os.chmod(base, 0o777 if unsafe == "world-writable" else 0o755)
+    if unsafe == "another user's":
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give a directory away")
+        os.chown(base, 12345, 12345)
+    monkeypatch.delenv("SGLANG_PHASETRACE_RUN_DIR")  # the default: a fresh run under the base
+    monkeypatch.setenv("SGLANG_PHASETRACE_DIR", str(base))
+    assert run_phases() == [None] * PHASES
+    (warning,) = warnings_of(caplog)
+    assert warning.startswith("sglang-phasetrace: refusing") and str(base) in warning
+    assert warning.endswith("tracing off in this process")
+    assert list(base.iterdir()) == []
+
+
+def test_a_sticky_shared_base_is_used(trace_run_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    base = tmp_path / "tmp-like"
+    base.mkdir()
+    os.chmod(base, 0o1777)
+    monkeypatch.setenv("SGLANG_PHASETRACE_RUN_DIR", str(base / "run"))
+    assert all(run_phases(2))
+    assert stat.S_IMODE((base / "run").stat().st_mode) == 0o700
+
+
+# -- unwritable or full: one warning, tracing off, nothing leaked -------------------------------------
+
+
+@pytest.fixture(params=["read-only", "a file", "full"])
+def unwritable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A run directory path that cannot be written, and the reason the warning must give."""
+    if request.param == "a file":
+        (tmp_path / "run").write_text("not a directory\n")
+        yield tmp_path / "run", "[Errno 20] Not a directory"
+    elif request.param == "read-only":
+        with tmpfs(tmp_path / "ro", ro=True) as mnt:
+            yield mnt / "run", "[Errno 30] Read-only file system"
+    else:
+        with tmpfs(tmp_path / "full") as mnt:
+            fill(mnt)
+            yield mnt / "run", "[Errno 28] No space left on device"
+
+
+def test_an_unwritable_run_directory_says_so_once_and_leaks_nothing(
+    unwritable: tuple[Path, str], trace_run_dir: Path, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_dir, reason = unwritable
+    monkeypatch.setenv("SGLANG_PHASETRACE_RUN_DIR", str(run_dir))
+    before = open_fds()
+    t0 = time.perf_counter()
+    assert run_phases() == [None] * PHASES
+    spent = time.perf_counter() - t0
+    (warning,) = warnings_of(caplog)
+    assert warning.startswith(f"sglang-phasetrace: cannot write {run_dir}")
+    assert warning.endswith(f": {reason}; tracing off in this process")
+    assert open_fds() == before
+    rt = runtime.current()
+    assert not rt.started and rt.journal is None and rt._pending == []
+    with pytest.raises(runtime.TracingOff):  # sticky: not retried at every phase
+        rt.start()
+    assert spent < 5
+    if run_dir.is_dir():  # full: directories made, but no empty journal left behind
+        assert list((run_dir / "journal").iterdir()) == []
+
+
+# -- a full disk mid-run: whole records, nothing a reader misreads ----------------------------------
+
+
+def test_a_disk_full_mid_run_keeps_records_whole_and_loses_no_end(
+    trace_run_dir: Path, tmp_path: Path, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    with tmpfs(tmp_path / "disk", size="256k") as mnt:
+        run_dir = mnt / "run"
+        monkeypatch.setenv("SGLANG_PHASETRACE_RUN_DIR", str(run_dir))
+        root = spans.start_phase("rank tp0", {"sglang.phase": "rank"}, root=True)
+        assert root is not None
+        beat = heartbeat._current
+        wait_for(beat.status_path)  # its first beat done: no file of its own open while we count
+        filler = fill(mnt)
+        before = open_fds()
+        assert all(run_phases())  # tracing goes on: spans (and OTLP) do not depend on the journal
+        root.end()  # the rank is ready while its journal cannot be written
+        assert open_fds() == before
+        (warning,) = warnings_of(caplog)  # the journal's or the status file's, whichever failed first
+        assert warning.startswith(f"sglang-phasetrace: cannot write {run_dir}/")
+        assert ": [Errno 28] No space left on device; " in warning
+        path = runtime.current().journal.path
+        beat.beat()  # still full: nothing written, nothing said again
+        assert len(warnings_of(caplog)) == 1
+        filler.unlink()
+        beat.beat()  # room again: what was held back is written, then a note of the gap
+        assert read_journal(path)[1] == []
+        for line in path.read_bytes().splitlines():
+            json.loads(line)
+        view = load_run(run_dir)
+        (proc,) = view.processes
+        assert proc.ready  # the root's end was not lost: not "gone"
+        ended = [s for s in proc.spans.values() if s.phase.startswith("phase.") and s.status == "ok"]
+        assert len(ended) == PHASES
+        assert any("written late, 0 dropped" in w for w in proc.warnings)
+        status = json.loads(beat.status_path.read_text())
+        assert "journal_unwritten" not in status
+        assert len(warnings_of(caplog)) == 1
+        runtime.current().journal.close()
+
+
+class CutShort:
+    """``files.write_all`` on a disk that fills up mid-record: part of it written, then ENOSPC."""
+
+    def __init__(self, times: int) -> None:
+        self.times = times
+
+    def __call__(self, fd: int, data: bytes) -> None:
+        if self.times:
+            self.times -= 1
+            os.write(fd, data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_write_all(fd, data)
+
+
+real_write_all = files.write_all
+
+
+def test_a_record_cut_short_is_removed_whole(tmp_path: Path, monkeypatch, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "journal" / "p.jsonl"
+    writer = JournalWriter(path)
+    assert writer.write({"kind": "warning", "t": 1, "message": "first"})
+    monkeypatch.setattr(files, "write_all", CutShort(2))
+    assert not writer.write({"kind": "warning", "t": 2, "message": "second " * 50})
+    assert path.read_bytes().count(b"\n") == 1 and path.read_bytes().endswith(b"\n")  # no half line left
+    assert writer.trouble()["held"] == 1
+    assert not writer.write({"kind": "warning", "t": 3, "message": "third"})  # the held one is cut again
+    assert writer.write({"kind": "warning", "t": 4, "message": "fourth"})
+    records, problems = read_journal(path)
+    assert problems == []
+    assert [r["t"] for r in records[:3]] + [records[4]["t"]] == [1, 2, 3, 4]
+    assert "written late, 0 dropped" in records[3]["message"]  # said after the late ones, before the rest
+    assert len(warnings_of(caplog)) == 1 and str(path) in warnings_of(caplog)[0]
+    assert writer.trouble() is None
+    writer.close()
+
+
+def test_a_cut_record_that_cannot_be_removed_still_leaves_the_next_on_a_fresh_line(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "p.jsonl"
+    writer = JournalWriter(path)
+    monkeypatch.setattr(files, "write_all", CutShort(1))
+
+    def no_truncate(fd: int, length: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(journal.os, "ftruncate", no_truncate)
+    assert not writer.write({"kind": "warning", "t": 1, "message": "cut " * 40})
+    assert writer.write({"kind": "warning", "t": 2, "message": "next"})
+    records, problems = read_journal(path)
+    assert len(problems) == 1 and f"{path}:1:" in problems[0]  # the torn line, named once
+    assert records[0]["t"] == 1 and records[-1]["t"] == 2  # written again whole, on lines of their own
+    writer.close()
+
+
+# -- the journal and the OTLP export never stop each other ------------------------------------------
+
+
+def test_a_failing_journal_never_stops_the_otlp_export(
+    trace_run_dir: Path, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from otlp_receiver import OtlpReceiver
+
+    with OtlpReceiver("http/protobuf") as rx:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        first = spans.start_phase("phase.ok", {"sglang.phase": "phase.ok"})
+        first.end()
+
+        def broken(self: JournalWriter, record: dict) -> bool:
+            raise RuntimeError("journal broke")
+
+        monkeypatch.setattr(JournalWriter, "write", broken)
+        later = run_phases(5)
+        assert all(later)
+        runtime.current().provider.force_flush(10_000)
+        ids = {format(p.span_id, "016x") for p in [first, *later]}
+        assert rx.wait_for_spans(ids, timeout=10) == set()
+        assert len([w for w in warnings_of(caplog) if "journal record not written" in w]) == 1
+
+
+def test_a_failing_exporter_never_stops_the_journal(trace_run_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    class Broken(SpanProcessor):
+        def on_start(self, span, parent_context=None) -> None:
+            raise RuntimeError("exporter broke")
+
+        def on_end(self, span) -> None:
+            raise RuntimeError("exporter broke")
+
+    rt = runtime.current().start()
+    rt.provider.add_span_processor(runtime.Contained(Broken()))  # as the OTLP processor is added: last
+    assert all(run_phases(3))
+    (proc,) = load_run(trace_run_dir).processes
+    assert [s.status for s in proc.spans.values() if s.phase.startswith("phase.")] == ["ok"] * 3
+    assert [w for w in warnings_of(caplog) if "exporter" in w] == [
+        "sglang-phasetrace: span exporter failed: RuntimeError('exporter broke')"
+    ]
+
+
+# -- real SGLang: ranks on a read-only base start anyway, one warning each --------------------------
+
+
+@requires_sglang
+def test_sglang_ranks_start_on_a_read_only_base_with_one_warning_each(tiny_model, tmp_path: Path) -> None:
+    world = 2
+    with tmpfs(tmp_path / "ro", ro=True) as base:
+        ran = run_program(
+            [
+                str(ROOT / "tests" / "programs" / "dist_ranks.py"),
+                str(tiny_model[0]),
+                "--world",
+                str(world),
+                "--plant",
+                "none",
+                "--port",
+                str(free_port()),
+            ],
+            base,
+            cwd=tmp_path,
+            timeout=300,
+        )
+    assert ran.returncode == 0, ran.stderr[-4000:]
+    lines = [line for line in ran.stderr.splitlines() if "sglang-phasetrace" in line]  # the launcher imports no sglang
+    assert len(lines) == world, "\n".join(lines)
+    assert all(
+        f"cannot write {base}/" in line and "[Errno 30] Read-only file system; tracing off in this process" in line
+        for line in lines
+    )

@@ -1,0 +1,193 @@
+"""Journals are untrusted input to the viewers: the HTML report embeds no file outside
+RUN_DIR/stacks/ and cannot have its script broken; the terminal gets no escape sequence.
+
+A synthetic stalled run (``cli_fixtures.build_run``) is given a diagnosis naming ``/etc/passwd``,
+``../../x``, a symlink in stacks/ pointing outside and ``/dev/zero``, an oversized stack dump, a
+phase named with an OSC 52 sequence, ``<!--`` and ``</script>``, and a rank label carrying
+escape sequences and rich markup.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from cli_fixtures import HOST, build_run
+from sglang_phasetrace.tracing.cli import main
+from sglang_phasetrace.tracing.cli.findings import by_process, findings
+from sglang_phasetrace.tracing.redact import REDACTED
+from sglang_phasetrace.tracing.render.html_report import MAX_STACK, script_json
+from sglang_phasetrace.tracing.render.lanes import layout
+from sglang_phasetrace.tracing.render.run_text import status_line, summary
+from sglang_phasetrace.tracing.render.term import clean
+from sglang_phasetrace.tracing.rundir import load_run
+
+OSC52 = "\x1b]52;c;cm0gLXJmIH4K\x07"
+EVIL_PHASE = f"evil{OSC52}<!--</script><script>alert(1)</script>\x1b[2J\x9b31m[red]markup[/red]"
+EVIL_LABEL = "tp0\x1b[31m\x1b]8;;http://x\x07[bold]lbl[/bold]\x07"
+OUTSIDE = "OUTSIDE-FILE-CONTENT-7731"
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _append(path: Path, *records: dict) -> None:
+    with path.open("a") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+
+
+@pytest.fixture
+def hostile_run(tmp_path: Path) -> Path:
+    run = build_run(tmp_path / "base" / "runs" / "hostile", ranks=2, spans=30, stalled_rank=1)
+    path = run.path
+    outside = tmp_path / "outside-secret.txt"
+    outside.write_text(OUTSIDE)
+    (path.parent.parent / "x").write_text(OUTSIDE)  # what ../../x names from the run directory
+    (path / "stacks" / "link.txt").symlink_to(outside)  # a link inside stacks/ to a file outside
+    big = path / "stacks" / f"{HOST}-9999.txt"
+    big.write_text("OLDEST-LINE\n" + "x" * (MAX_STACK + 1000) + f"\ntoken=bigstack{OUTSIDE[:3]}secret\nNEWEST\n")
+    launcher = path / "journal" / f"{HOST}-1000.jsonl"
+    pid = run.pids[run.stalled]
+    _append(
+        launcher,
+        {
+            "kind": "diagnosis",
+            "t": 1,
+            "finding": "straggler",
+            "label": run.stalled,
+            "pid": pid,
+            "phase": "dist.init_process_group",
+            "since_s": 90.0,
+            "waiting": {},
+            "stacks": [
+                "/etc/passwd",
+                "../../x",
+                str(path / "stacks" / "link.txt"),
+                "/dev/zero",
+                str(big),
+                "stacks/../../x",
+            ],
+            "message": f"{OSC52}stalled; Authorization: Bearer diagsecret42",
+        },
+    )
+    rank0 = path / "journal" / f"{HOST}-{run.pids['tp0']}.jsonl"
+    lines = [json.loads(line) for line in rank0.read_text().splitlines()]
+    root = next(r for r in lines if r["kind"] == "begin")
+    t = root["t"] + 1000
+    _append(
+        rank0,
+        {"kind": "identity", "t": t, "label": EVIL_LABEL, "role": "rank", "attrs": {}},
+        {
+            "kind": "begin",
+            "t": t,
+            "span": "e" * 16,
+            "parent": root["span"],
+            "trace": root["trace"],
+            "name": EVIL_PHASE,
+            "attrs": {"sglang.phase": EVIL_PHASE, "note": f"x{OSC52}y"},
+            "thread": "Main",
+        },
+        {"kind": "end", "t": t + 10**8, "span": "e" * 16, "status": "ok", "attrs": {}},
+        {"kind": "warning", "t": t, "message": f"warn{OSC52} password=warnsecret43"},
+    )
+    return path
+
+
+def _script_data(page: str) -> str:
+    start = page.index('<script type="application/json" id="data">') + len('<script type="application/json" id="data">')
+    return page[start : page.index("</script>", start)]
+
+
+def test_report_embeds_only_stack_files_inside_the_run(hostile_run: Path, capsys):
+    out = hostile_run / "report.html"
+    assert main(["report", str(hostile_run), "-o", str(out)]) == 0
+    capsys.readouterr()
+    page = out.read_text()
+    assert OUTSIDE not in page, "a file outside RUN_DIR/stacks was embedded"
+    assert "root:x:0:0" not in page and "\x00" not in page
+    assert "init_process_group" in page and "Thread 0x00007f" in page, "the real stack dump is embedded"
+    assert "[truncated: the first" in page and "NEWEST" in page and "OLDEST-LINE" not in page
+    assert len(page) < 4 * MAX_STACK
+    assert "diagsecret42" not in page and "warnsecret43" not in page and "bigstack" not in page
+    assert REDACTED in page
+
+
+def test_report_script_cannot_be_broken(hostile_run: Path, capsys):
+    out = hostile_run / "report.html"
+    assert main(["report", str(hostile_run), "-o", str(out)]) == 0
+    capsys.readouterr()
+    page = out.read_text()
+    data = _script_data(page)
+    assert "<" not in data, "no '<' inside the embedded JSON: no </script>, no <!--"
+    decoded = json.loads(data)
+    assert EVIL_PHASE in decoded["keys"], "the phase name survives as data"
+    assert page.count("</script>") == 2 and "<script>alert" not in page
+    assert script_json({"a": "<!--</script>"}) == '{"a":"\\u003c!--\\u003c/script>"}'
+
+
+def test_report_reads_no_device_and_follows_no_link(hostile_run: Path):
+    from sglang_phasetrace.tracing.render.html_report import read_stack
+
+    stacks = hostile_run / "stacks"
+    assert read_stack(hostile_run, stacks / "link.txt") is None
+    assert read_stack(hostile_run, Path("/dev/zero")) is None
+    assert read_stack(hostile_run, stacks / ".." / ".." / "x") is None
+    (stacks / "fifo.txt").unlink(missing_ok=True)
+    import os
+
+    os.mkfifo(stacks / "fifo.txt")
+    assert read_stack(hostile_run, stacks / "fifo.txt") is None, "a FIFO neither blocks nor is read"
+    assert "init_process_group" in read_stack(hostile_run, next(stacks.glob(f"{HOST}-2001.txt")))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["timeline", "--width", "160", "--depth", "2"],
+        ["status", "--once"],
+        ["compare"],
+        ["compare", "SELF"],
+        ["compare", "--json"],
+        ["status", "--json"],
+    ],
+)
+def test_terminal_output_has_no_control_characters(hostile_run: Path, capsys, argv):
+    args = [a.replace("SELF", str(hostile_run)) for a in argv]
+    main([args[0], str(hostile_run), *args[1:]])
+    captured = capsys.readouterr()
+    for stream in (captured.out, captured.err):
+        assert not CONTROL.findall(stream.replace("\n", "")), repr(CONTROL.findall(stream.replace("\n", ""))[:5])
+        assert "\x1b" not in stream
+    if argv[0] == "timeline":
+        assert "[red]markup[/red]" in captured.out, "rich markup is shown, not interpreted"
+        assert "evil<!--</script>" in captured.out, "the readable rest of the name is kept"
+
+
+def test_run_summary_and_status_line_are_clean(hostile_run: Path):
+    run = load_run(hostile_run)
+    lay = layout(run)
+    found = findings(run, lay.end)
+    lines = [status_line(lay, by_process(run, found)), *summary(lay, found, by_process(run, found))]
+    assert lines and all(not CONTROL.search(line) for line in lines), lines
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        ("a\x1b]52;c;QUJD\x07b", "ab"),
+        ("a\x1b]52;c;QUJD\x1b\\b", "ab"),
+        ("a\x1b[2J\x1b[31mb", "ab"),
+        ("a\x9b31mb", "ab"),
+        ("a\x9d8;;x\x9cb", "ab"),
+        ("a\x1bPq#0\x1b\\b", "ab"),
+        ("a\x1b(Bb", "ab"),
+        ("a\tb\nc\r", "a b c "),
+        ("a\x00\x07\x08\x7fb", "ab"),
+        ("a\u202eb\u2066c", "abc"),
+        ("plain [bold]text[/bold] µs", "plain [bold]text[/bold] µs"),
+        ("a\x1b]0;unterminated", "a"),
+    ],
+)
+def test_clean(raw, shown):
+    assert clean(raw) == shown

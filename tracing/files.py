@@ -1,0 +1,129 @@
+"""Private files in a place that may be shared (``/tmp``): directories 0700, files 0600, links never
+followed, nothing created where another user could swap it out from under us.
+
+The journal holds server arguments, exception text and stacks, and the run directory's base may be
+a shared directory: every file we create goes through here. Stdlib only (no other tracing import),
+so every part of the package, the CLI included, can use it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import stat
+from pathlib import Path
+
+_DIR_MODE, _FILE_MODE = 0o700, 0o600
+_O_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+_O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_said: set[int | None] = set()  # errnos already said in this process
+os.register_at_fork(after_in_child=_said.clear)
+
+
+class UnsafeDirectory(OSError):
+    """A directory we refuse to write under; the message names the path and why."""
+
+
+def _trusted_owner(uid: int) -> bool:
+    return uid in (os.geteuid(), 0)  # root can replace anything anyway
+
+
+def check_base(path: Path) -> None:
+    """Refuse an existing base directory another user could tamper with: a symbolic link, not a
+    directory, owned by someone else (other than root), or group/world-writable without the sticky
+    bit. A missing one is fine: ``private_dir`` creates it 0700."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeDirectory(f"{path} is a symbolic link (point at the real directory)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeDirectory(f"{path} is not a directory")
+    if not _trusted_owner(st.st_uid):
+        raise UnsafeDirectory(f"{path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        raise UnsafeDirectory(f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}, no sticky bit)")
+
+
+def private_dir(path: Path) -> Path:
+    """``mkdir -p`` with every missing component created 0700 (whatever the umask); the final
+    component must be a real directory (not a link) owned by this user. Returns ``path``."""
+    path = Path(path)
+    missing = []
+    probe = path
+    while not os.path.lexists(probe) and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    for part in reversed(missing):
+        try:
+            os.mkdir(part, _DIR_MODE)
+        except FileExistsError:  # created meanwhile (another rank): checked below like any other
+            continue
+        fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fchmod(fd, _DIR_MODE)  # exactly 0700, whatever the umask
+        finally:
+            os.close(fd)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeDirectory(f"{path} is a symbolic link")
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(20, "Not a directory", str(path))
+    if not _trusted_owner(st.st_uid):
+        raise UnsafeDirectory(f"{path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})")
+    return path
+
+
+def _refuse_foreign(fd: int, path: Path) -> None:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or not _trusted_owner(st.st_uid):
+        os.close(fd)
+        raise UnsafeDirectory(f"{path} is not a regular file of this user")
+
+
+def open_append(path: Path) -> int:
+    """An append-only descriptor on ``path`` (created 0600); a link there is refused (ELOOP), and
+    so is an existing file of another user."""
+    fd = os.open(path, _O_APPEND, _FILE_MODE)
+    _refuse_foreign(fd, path)
+    return fd
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write ``data`` whole (``os.write`` may write part of it); raises on the first failure."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def say_once(path: Path, exc: OSError, consequence: str) -> None:
+    """``cannot write PATH: [Errno N] reason; consequence``, once per process and reason: a full
+    disk fails the journal and the status file alike, and that is one problem."""
+    if exc.errno not in _said:
+        _said.add(exc.errno)
+        logging.getLogger("sglang_phasetrace").warning(
+            "sglang-phasetrace: cannot write %s: [Errno %s] %s; %s", path, exc.errno, exc.strerror, consequence
+        )
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically: a fresh 0600 temp file of random name beside it
+    (``O_EXCL|O_NOFOLLOW``: never a planted link), then ``os.replace``. The temp is removed on
+    failure; a link at ``path`` itself is replaced, never followed."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, _O_NEW, _FILE_MODE)
+    try:
+        try:
+            write_all(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
