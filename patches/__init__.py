@@ -6,14 +6,20 @@ None of these modules imports SGLang; the engine patches each target module when
 from __future__ import annotations
 
 from . import collectives, distributed, graphs, model_runner, scheduler, server, speculative
-from .engine import PatchEngine
+from .engine import PatchEngine, Plan
 from .spec import Call, Phase
 
 PHASES: tuple[Phase, ...] = (
-    *server.PHASES, *scheduler.PHASES, *distributed.PHASES, *model_runner.PHASES, *graphs.PHASES,
-    *speculative.PHASES, *collectives.PHASES,
+    *server.PHASES,
+    *scheduler.PHASES,
+    *distributed.PHASES,
+    *model_runner.PHASES,
+    *graphs.PHASES,
+    *speculative.PHASES,
+    *collectives.PHASES,
 )
 MODEL_PHASES: tuple[Phase, ...] = speculative.MODEL_PHASES
+MODEL_CLASSES: tuple[str, ...] = speculative.MODEL_CLASSES
 
 _engine: PatchEngine | None = None
 
@@ -37,4 +43,28 @@ def patch_model_class(cls: type) -> None:
         _engine.patch_class(cls, MODEL_PHASES)
 
 
-__all__ = ["MODEL_PHASES", "PHASES", "Call", "PatchEngine", "Phase", "current_engine", "install", "patch_model_class"]
+def table_phases() -> list[Phase]:
+    """The phases of the coverage table (docs/coverage.md, doctor's row): those with targets in
+    SGLang (``collective.torch`` wraps torch itself)."""
+    return [p for p in (*PHASES, *MODEL_PHASES) if any(t.startswith(("sglang.", "*:")) for t in p.targets)]
+
+
+def dry_run() -> list[Plan]:
+    """Every phase as the engine would patch it here (importing SGLang, patching nothing)."""
+    return PatchEngine((*PHASES, *MODEL_PHASES)).dry_run(model_classes=MODEL_CLASSES)
+
+
+__all__ = [
+    "MODEL_CLASSES",
+    "MODEL_PHASES",
+    "PHASES",
+    "Call",
+    "PatchEngine",
+    "Phase",
+    "Plan",
+    "current_engine",
+    "dry_run",
+    "install",
+    "patch_model_class",
+    "table_phases",
+]

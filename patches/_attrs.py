@@ -27,17 +27,22 @@ def class_name(obj: Any) -> str | None:
 
 def draft_attrs(runner: Any) -> dict[str, Any]:
     """Target or draft runner, and which draft (multi-layer EAGLE builds several)."""
-    return {"sglang.is_draft": bool(read(runner, "is_draft_worker")),
-            "sglang.draft_model_idx": read(runner, "draft_model_idx")}
+    return {
+        "sglang.is_draft": bool(read(runner, "is_draft_worker")),
+        "sglang.draft_model_idx": read(runner, "draft_model_idx"),
+    }
 
 
 def tensor_attrs(prefix: str, tensor: Any) -> dict[str, Any]:
     """Shape, dtype, bytes and device: metadata only, so no host sync (safe inside a capture)."""
     if tensor is None or not hasattr(tensor, "shape"):
         return {}
-    return {f"{prefix}.shape": [int(s) for s in tensor.shape], f"{prefix}.dtype": str(tensor.dtype),
-            f"{prefix}.bytes": int(tensor.numel()) * int(tensor.element_size()),
-            f"{prefix}.device": str(tensor.device)}
+    return {
+        f"{prefix}.shape": [int(s) for s in tensor.shape],
+        f"{prefix}.dtype": str(tensor.dtype),
+        f"{prefix}.bytes": int(tensor.numel()) * int(tensor.element_size()),
+        f"{prefix}.device": str(tensor.device),
+    }
 
 
 def server_args_json(server_args: Any, limit: int = 32768) -> str | None:

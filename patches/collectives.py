@@ -1,8 +1,9 @@
 """Init collectives and barriers: torch.distributed, SGLang's GroupCoordinator, PyNccl.
 
 Kind ``collective``: no span; each call is recorded (op, group, per-group sequence number) in the
-journal and the heartbeat state, so the watchdog can say who waits in what. ``init_only``: removed
-at ready, so the serving hot path runs the originals. Hooks here only read names (no tensors).
+journal and the heartbeat state, so the watchdog can say who waits in what; never after ready.
+``init_only``: removed at ready, so the serving hot path runs the originals. The enter hooks name
+the group (``{"group": …}``) and only read names (no tensors).
 """
 
 from __future__ import annotations
@@ -15,16 +16,49 @@ C10D = "torch.distributed.distributed_c10d"
 PS = "sglang.srt.distributed.parallel_state"
 PYNCCL = "sglang.srt.distributed.device_communicators.pynccl"
 TORCH_OPS = (
-    "init_process_group", "new_group", "barrier", "monitored_barrier", "all_reduce", "all_gather",
-    "all_gather_into_tensor", "all_gather_object", "broadcast", "broadcast_object_list", "reduce",
-    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather",
-    "gather_object", "scatter", "scatter_object_list", "send", "recv",
+    "init_process_group",
+    "new_group",
+    "barrier",
+    "monitored_barrier",
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "broadcast",
+    "broadcast_object_list",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "send",
+    "recv",
 )
 GROUP_OPS = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gatherv", "reduce_scatter",
-    "reduce_scatter_tensor", "reduce_scatterv", "broadcast", "broadcast_object", "broadcast_object_list",
-    "all_gather_object", "gather", "barrier", "send", "recv", "send_object", "recv_object",
-    "broadcast_tensor_dict", "send_tensor_dict", "recv_tensor_dict",
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gatherv",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatterv",
+    "broadcast",
+    "broadcast_object",
+    "broadcast_object_list",
+    "all_gather_object",
+    "gather",
+    "barrier",
+    "send",
+    "recv",
+    "send_object",
+    "recv_object",
+    "broadcast_tensor_dict",
+    "send_tensor_dict",
+    "recv_tensor_dict",
 )
 PYNCCL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv")
 
@@ -74,10 +108,28 @@ def _pynccl(call: Call) -> dict[str, Any]:
 
 
 PHASES = (
-    Phase("collective.torch", tuple(f"{C10D}:{op}" for op in TORCH_OPS), mode="all", kind="collective",
-          enter=_torch_group, init_only=True, after_ready="skip"),
-    Phase("collective.group", tuple(f"{PS}:GroupCoordinator.{op}" for op in GROUP_OPS), mode="all",
-          kind="collective", enter=_coordinator, init_only=True, after_ready="skip"),
-    Phase("collective.pynccl", tuple(f"{PYNCCL}:PyNcclCommunicator.{op}" for op in PYNCCL_OPS), mode="all",
-          kind="collective", enter=_pynccl, init_only=True, after_ready="skip"),
+    Phase(
+        "collective.torch",
+        tuple(f"{C10D}:{op}" for op in TORCH_OPS),
+        mode="all",
+        kind="collective",
+        enter=_torch_group,
+        init_only=True,
+    ),
+    Phase(
+        "collective.group",
+        tuple(f"{PS}:GroupCoordinator.{op}" for op in GROUP_OPS),
+        mode="all",
+        kind="collective",
+        enter=_coordinator,
+        init_only=True,
+    ),
+    Phase(
+        "collective.pynccl",
+        tuple(f"{PYNCCL}:PyNcclCommunicator.{op}" for op in PYNCCL_OPS),
+        mode="all",
+        kind="collective",
+        enter=_pynccl,
+        init_only=True,
+    ),
 )

@@ -8,22 +8,30 @@ import struct
 from typing import Any
 
 from ._attrs import class_name, draft_attrs, read
-from .spec import Call, Phase
+from .spec import Call, Phase, Report
 
 MR = "sglang.srt.model_executor.model_runner"
 WU = "sglang.srt.model_loader.weight_utils"
 ITERATORS = (  # every weights iterator SGLang may pick (by load format and flags)
-    "safetensors_weights_iterator", "multi_thread_safetensors_weights_iterator",
-    "buffered_multi_thread_safetensors_weights_iterator", "fastsafetensors_weights_iterator",
-    "instanttensor_weights_iterator", "runai_safetensors_weights_iterator", "pt_weights_iterator",
-    "multi_thread_pt_weights_iterator", "np_cache_weights_iterator",
+    "safetensors_weights_iterator",
+    "multi_thread_safetensors_weights_iterator",
+    "buffered_multi_thread_safetensors_weights_iterator",
+    "fastsafetensors_weights_iterator",
+    "instanttensor_weights_iterator",
+    "runai_safetensors_weights_iterator",
+    "pt_weights_iterator",
+    "multi_thread_pt_weights_iterator",
+    "np_cache_weights_iterator",
 )
 
 
 def _runner(call: Call) -> dict[str, Any]:
     a = call.arguments
-    return {"sglang.is_draft": bool(a.get("is_draft_worker", False)),
-            "sglang.draft_model_idx": a.get("draft_model_idx"), "sglang.gpu_id": a.get("gpu_id")}
+    return {
+        "sglang.is_draft": bool(a.get("is_draft_worker", False)),
+        "sglang.draft_model_idx": a.get("draft_model_idx"),
+        "sglang.gpu_id": a.get("gpu_id"),
+    }
 
 
 def _on_runner(call: Call) -> dict[str, Any]:
@@ -37,15 +45,21 @@ def _loaded(call: Call, result: Any) -> dict[str, Any]:
         from . import patch_model_class
 
         patch_model_class(type(model))
-    return {"sglang.model_class": class_name(model), "sglang.dtype": str(read(call.instance, "dtype")),
-            "sglang.weight_load_s": read(call.instance, "weight_load_time"),
-            "sglang.weight_load_mem_gb": read(call.instance, "weight_load_mem_usage")}
+    return {
+        "sglang.model_class": class_name(model),
+        "sglang.dtype": str(read(call.instance, "dtype")),
+        "sglang.weight_load_s": read(call.instance, "weight_load_time"),
+        "sglang.weight_load_mem_gb": read(call.instance, "weight_load_mem_usage"),
+    }
 
 
 def _loader(call: Call) -> dict[str, Any]:
     config = call.arg("model_config")
-    return {"sglang.loader": class_name(call.instance), "sglang.model_path": read(config, "model_path"),
-            "sglang.load_format": str(read(read(call.instance, "load_config"), "load_format"))}
+    return {
+        "sglang.loader": class_name(call.instance),
+        "sglang.model_path": read(config, "model_path"),
+        "sglang.load_format": str(read(read(call.instance, "load_config"), "load_format")),
+    }
 
 
 def _safetensors_names(path: str) -> list[str]:
@@ -56,11 +70,14 @@ def _safetensors_names(path: str) -> list[str]:
     return [name for name in header if name != "__metadata__"]
 
 
-def _weights(call: Call) -> dict[str, Any]:
+def _weights(call: Call) -> Report:
     files = [str(f) for f in (call.arg("hf_weights_files") or [])]
     call.state["files"] = files
-    call.state["progress"] = {"done": 0, "total": len(files), "unit": "shards", "tensors": 0}
-    return {"sglang.shards": len(files), "sglang.shard_dir": os.path.dirname(files[0]) if files else None}
+    progress = call.state["counts"] = {"done": 0, "total": len(files), "unit": "shards", "tensors": 0}
+    return Report(
+        attrs={"sglang.shards": len(files), "sglang.shard_dir": os.path.dirname(files[0]) if files else None},
+        progress=progress,
+    )
 
 
 def _shard_of(call: Call) -> dict[str, int]:
@@ -80,35 +97,47 @@ def _shard_of(call: Call) -> dict[str, int]:
     return index
 
 
-def _weight_item(call: Call, item: Any) -> tuple[str, dict[str, Any]] | None:
+def _weight_item(call: Call, item: Any) -> Report:
     """Count tensors; when a shard's last tensor went by, report the shard (k of N)."""
-    progress = call.state["progress"]
+    progress = call.state["counts"]
     progress["tensors"] += 1
     name = item[0] if isinstance(item, tuple) and item else None
     shard = _shard_of(call).get(name)
     if shard is None:
-        return None
+        return Report(progress=progress)
     left = call.state["left"]
     left[shard] -= 1
     if left[shard]:
-        return None
+        return Report(progress=progress)
     progress["done"] += 1
-    return "shard_loaded", {"shard": os.path.basename(call.state["files"][shard]),
-                            "done": progress["done"], "total": progress["total"],
-                            "tensors": progress["tensors"]}
+    return Report(
+        progress=progress,
+        event=(
+            "shard_loaded",
+            {
+                "shard": os.path.basename(call.state["files"][shard]),
+                "done": progress["done"],
+                "total": progress["total"],
+                "tensors": progress["tensors"],
+            },
+        ),
+    )
 
 
 def _weights_done(call: Call, result: Any) -> dict[str, Any]:
-    p = call.state.get("progress", {})
+    p = call.state.get("counts", {})
     return {"sglang.tensors": p.get("tensors"), "sglang.shards_done": p.get("done")}
 
 
 def _kv(call: Call, result: Any) -> dict[str, Any]:
     r = call.instance
     pool = read(r, "token_to_kv_pool")
-    return {"sglang.max_total_num_tokens": read(r, "max_total_num_tokens"),
-            "sglang.kv_cache_dtype": str(read(r, "kv_cache_dtype")), "sglang.kv_pool": class_name(pool),
-            "sglang.req_to_token_pool_size": read(read(r, "req_to_token_pool"), "size")}
+    return {
+        "sglang.max_total_num_tokens": read(r, "max_total_num_tokens"),
+        "sglang.kv_cache_dtype": str(read(r, "kv_cache_dtype")),
+        "sglang.kv_pool": class_name(pool),
+        "sglang.req_to_token_pool_size": read(read(r, "req_to_token_pool"), "size"),
+    }
 
 
 def _attention(call: Call, result: Any) -> dict[str, Any]:
@@ -117,15 +146,30 @@ def _attention(call: Call, result: Any) -> dict[str, Any]:
 
 PHASES = (
     Phase("model_runner.init", (f"{MR}:ModelRunner.__init__",), enter=_runner, required=True),
-    Phase("model.load_weights", (f"{MR}:ModelRunner.load_model",), enter=_on_runner, exit=_loaded,
-          required=True),
-    Phase("model.loader", ("sglang.srt.model_loader.loader:DefaultModelLoader.load_model",), mode="all",
-          enter=_loader),
-    Phase("model.weights_iterator", tuple(f"{WU}:{name}" for name in ITERATORS), mode="all",
-          kind="generator", enter=_weights, each=_weight_item, exit=_weights_done),
+    Phase("model.load_weights", (f"{MR}:ModelRunner.load_model",), enter=_on_runner, exit=_loaded, required=True),
+    Phase("model.loader", ("sglang.srt.model_loader.loader:DefaultModelLoader.load_model",), mode="all", enter=_loader),
+    Phase(
+        "model.weights_iterator",
+        tuple(f"{WU}:{name}" for name in ITERATORS),
+        mode="all",
+        kind="generator",
+        enter=_weights,
+        each=_weight_item,
+        exit=_weights_done,
+    ),
     Phase("model.finalize_weight_load", ("sglang.srt.managers.tp_worker:TpModelWorker.finalize_startup_weight_load",)),
-    Phase("kv_cache.alloc", (f"{MR}:ModelRunner.alloc_memory_pool", f"{MR}:ModelRunner.init_memory_pool"),
-          enter=_on_runner, exit=_kv, required=True),
-    Phase("attention.init", (f"{MR}:ModelRunner.init_attention_backends", f"{MR}:ModelRunner.init_attention_backend"),
-          enter=_on_runner, exit=_attention, required=True),
+    Phase(
+        "kv_cache.alloc",
+        (f"{MR}:ModelRunner.alloc_memory_pool", f"{MR}:ModelRunner.init_memory_pool"),
+        enter=_on_runner,
+        exit=_kv,
+        required=True,
+    ),
+    Phase(
+        "attention.init",
+        (f"{MR}:ModelRunner.init_attention_backends", f"{MR}:ModelRunner.init_attention_backend"),
+        enter=_on_runner,
+        exit=_attention,
+        required=True,
+    ),
 )

@@ -12,13 +12,22 @@ from .spec import Call, Phase
 M = "sglang.srt.managers.scheduler"
 # attribute key -> Scheduler.__init__ argument (≤0.5.20; read by name: positions moved 4 times)
 _RANK_ARGS = (
-    (keys.TP_RANK, "tp_rank"), (keys.PP_RANK, "pp_rank"), (keys.DP_RANK, "dp_rank"), (keys.EP_RANK, "moe_ep_rank"),
-    (keys.GPU_ID, "gpu_id"), ("sglang.attn_cp_rank", "attn_cp_rank"), ("sglang.moe_dp_rank", "moe_dp_rank"),
+    (keys.TP_RANK, "tp_rank"),
+    (keys.PP_RANK, "pp_rank"),
+    (keys.DP_RANK, "dp_rank"),
+    (keys.EP_RANK, "moe_ep_rank"),
+    (keys.GPU_ID, "gpu_id"),
+    ("sglang.attn_cp_rank", "attn_cp_rank"),
+    ("sglang.moe_dp_rank", "moe_dp_rank"),
 )
 # attribute key -> name on runtime_context.get_parallel() (0.5.21+)
 _PARALLEL = (
-    *(r for r in _RANK_ARGS if r[1] != "gpu_id"), (keys.WORLD_RANK, "world_rank"), ("sglang.tp_size", "tp_size"),
-    ("sglang.pp_size", "pp_size"), ("sglang.ep_size", "moe_ep_size"), ("sglang.dp_size", "dp_size"),
+    *(r for r in _RANK_ARGS if r[1] != "gpu_id"),
+    (keys.WORLD_RANK, "world_rank"),
+    ("sglang.tp_size", "tp_size"),
+    ("sglang.pp_size", "pp_size"),
+    ("sglang.ep_size", "moe_ep_size"),
+    ("sglang.dp_size", "dp_size"),
 )
 
 
@@ -51,8 +60,9 @@ def startup_time(call: Call, result: Any) -> dict[str, Any]:
 
 
 PHASES = (
-    Phase("rank", (f"{M}:Scheduler.__init__",), kind="rank", enter=rank_attrs, exit=startup_time,
-          required=True),
+    Phase(
+        keys.PHASE_RANK, (f"{M}:Scheduler.__init__",), kind="rank", enter=rank_attrs, exit=startup_time, required=True
+    ),
     Phase("scheduler.init_tp_worker", (f"{M}:Scheduler.init_tp_model_worker",)),
     Phase("scheduler.init_memory_pools", (f"{M}:Scheduler.init_memory_pools",)),
     Phase("scheduler.init_attention_backends", (f"{M}:Scheduler.init_all_attention_backends",)),

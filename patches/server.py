@@ -11,8 +11,9 @@ import logging
 import os
 from typing import Any
 
+from ..tracing import keys
 from ._attrs import server_args_attrs
-from .spec import Call, Phase
+from .spec import Call, Phase, Report
 
 ENGINE = "sglang.srt.entrypoints.engine"
 HTTP = "sglang.srt.entrypoints.http_server"
@@ -20,26 +21,28 @@ READY_MESSAGE = "The server is fired up and ready to roll!"
 
 
 class _ReadyFilter(logging.Filter):
-    def __init__(self, state: dict[str, Any]) -> None:
+    """Sees SGLang's own "ready to roll" line go by on its logger (and lets every record through)."""
+
+    def __init__(self) -> None:
         super().__init__()
-        self.state = state
+        self.seen = False
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg == READY_MESSAGE:
-            self.state["ready"] = True
+            self.seen = True
         return True
 
 
 def _watch_ready(call: Call) -> dict[str, Any]:
-    call.state["filter"] = _ReadyFilter(call.state)
-    call.state["logger"] = logging.getLogger(call.state.get("logger_name", HTTP))
-    call.state["logger"].addFilter(call.state["filter"])
+    call.state["filter"] = _ReadyFilter()
+    logging.getLogger(HTTP).addFilter(call.state["filter"])
     return server_args_attrs(call.arg("server_args"))
 
 
-def _ready_seen(call: Call, result: Any) -> dict[str, Any]:
-    call.state["logger"].removeFilter(call.state["filter"])
-    return {"sglang.server_ready": bool(call.state.get("ready"))}
+def _ready_seen(call: Call, result: Any) -> Report:
+    seen = call.state["filter"]
+    logging.getLogger(HTTP).removeFilter(seen)
+    return Report(attrs={"sglang.server_ready": seen.seen}, ready=seen.seen)
 
 
 def _launch_args(call: Call) -> dict[str, Any]:
@@ -50,28 +53,47 @@ def _engine_args(call: Call, result: Any) -> dict[str, Any]:
     return server_args_attrs(getattr(call.instance, "server_args", None))
 
 
-def _teardown(call: Call) -> dict[str, Any]:
+def _teardown(call: Call) -> Report:
     """SGLang's launch-phase SIGQUIT handler (a child failed) is about to SIGKILL the whole tree,
-    this process included: name the rank that ended first, before that."""
-    from ..tracing import watchdog
-
-    if call.arg("parent_pid") == os.getpid():
-        watchdog.launcher_last_words()
-    return {"sglang.include_parent": bool(call.arg("include_parent", True))}
+    this process included: the launcher names the rank that ended first, before that."""
+    return Report(
+        attrs={"sglang.include_parent": bool(call.arg("include_parent", True))},
+        teardown=call.arg("parent_pid") == os.getpid(),
+    )
 
 
 PHASES = (
-    Phase("launch.engine", (f"{ENGINE}:Engine.__init__", "sglang.srt.server:Engine.__init__"), kind="launch",
-          exit=_engine_args, ends_root=True),
-    Phase("launch.server", (f"{HTTP}:launch_server", "sglang.srt.server:launch_server"), kind="launch",
-          enter=_launch_args),
-    Phase("launch.subprocesses", (f"{ENGINE}:Engine._launch_subprocesses", f"{ENGINE}:_launch_subprocesses",
-                                  "sglang.srt.server:launch_engine")),
+    Phase(
+        keys.PHASE_LAUNCH_ENGINE,
+        (f"{ENGINE}:Engine.__init__", "sglang.srt.server:Engine.__init__"),
+        kind="launch",
+        exit=_engine_args,
+        ends_root=True,
+    ),
+    Phase(
+        keys.PHASE_LAUNCH_SERVER,
+        (f"{HTTP}:launch_server", "sglang.srt.server:launch_server"),
+        kind="launch",
+        enter=_launch_args,
+    ),
+    Phase(
+        "launch.subprocesses",
+        (f"{ENGINE}:Engine._launch_subprocesses", f"{ENGINE}:_launch_subprocesses", "sglang.srt.server:launch_engine"),
+    ),
     Phase("launch.wait_ranks", (f"{ENGINE}:_wait_for_scheduler_ready",)),
     Phase("launch.dp_controller", ("sglang.srt.managers.data_parallel_controller:DataParallelController.__init__",)),
-    Phase("server.wait_ready", (f"{HTTP}:_wait_and_warmup", "sglang.srt.server:_wait_and_warmup"), kind="ready",
-          enter=_watch_ready, exit=_ready_seen),
+    Phase(
+        keys.PHASE_WAIT_READY,
+        (f"{HTTP}:_wait_and_warmup", "sglang.srt.server:_wait_and_warmup"),
+        kind="ready",
+        enter=_watch_ready,
+        exit=_ready_seen,
+    ),
     # The handler calls the name from the launcher module's globals at call time: patch that alias.
-    Phase("launch.teardown", (f"{ENGINE}:kill_process_tree", "sglang.srt.server:kill_process_tree"),
-          enter=_teardown, after_ready="skip"),
+    Phase(
+        "launch.teardown",
+        (f"{ENGINE}:kill_process_tree", "sglang.srt.server:kill_process_tree"),
+        enter=_teardown,
+        after_ready="skip",
+    ),
 )

@@ -80,8 +80,10 @@ def main_bench() -> int:
     print(header)
     print("-" * len(header))
     for ranks, spans, size, figures in rows:
-        cells = " ".join(f"{figures[n]:>13.2f} {'MB' if 'MB' in n else 's ':>1}" if "MB" in n
-                         else f"{figures[n]:>14.3f}s" for n in names)
+        cells = " ".join(
+            f"{figures[n]:>13.2f} {'MB' if 'MB' in n else 's ':>1}" if "MB" in n else f"{figures[n]:>14.3f}s"
+            for n in names
+        )
         print(f"{ranks:>6} {spans:>8} {size:>10.1f} {cells}")
     print()
     print("µs per span (flat = linear growth):")

@@ -31,8 +31,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
+CPU_ENV = {
+    "SGLANG_USE_CPU_ENGINE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "SGLANG_CPU_OMP_THREADS_BIND": "0|1",
+}
 
 
 @contextmanager
@@ -65,9 +70,14 @@ def setups(live: str, dead: str, protocol: str) -> dict[str, dict[str, str]]:
 def one_start(model: str, env: dict[str, str], timeout: float = 300) -> tuple[float, float]:
     """Seconds spawn -> "engine ready" line, and ready -> exit; the process group is killed after."""
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts/start_engine.py"), model, "--tp", "2",
-                             "--no-generate"], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts/start_engine.py"), model, "--tp", "2", "--no-generate"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         ready = None
         for line in proc.stdout:
@@ -97,15 +107,17 @@ def main() -> int:
         names = list(envs)
         times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
         for i in range(args.runs + 1):  # round 0 warms the page cache and .pyc files: not counted
-            for name in names[i % len(names):] + names[:i % len(names)]:
+            for name in names[i % len(names) :] + names[: i % len(names)]:
                 sample = one_start(args.model, envs[name])
                 if i:
                     times[name].append(sample)
                     print(f"  round {i} {name:<13} ready {sample[0]:6.2f} s   exit {sample[1]:5.2f} s", flush=True)
         spans = len(receiver.spans)
     base = statistics.median(t[0] for t in times["untraced"])
-    print(f"\nsglang.Engine tp=2 on CPU, {args.runs} runs each, medians (OTLP: {args.protocol}; "
-          f"{spans} spans reached the live receiver)")
+    print(
+        f"\nsglang.Engine tp=2 on CPU, {args.runs} runs each, medians (OTLP: {args.protocol}; "
+        f"{spans} spans reached the live receiver)"
+    )
     print(f"  {'set-up':<13} {'spawn->ready s':>14} {'ratio':>6} {'ready->exit s':>14}")
     for name in names:
         ready = statistics.median(t[0] for t in times[name])

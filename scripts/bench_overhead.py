@@ -23,8 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-IMPORTS = ("import sglang.srt.managers.scheduler, sglang.srt.entrypoints.engine, "
-           "sglang.srt.speculative.eagle_worker_v2")
+IMPORTS = "import sglang.srt.managers.scheduler, sglang.srt.entrypoints.engine, sglang.srt.speculative.eagle_worker_v2"
 
 
 def timed(code: str, envs: list[dict[str, str]], runs: int) -> list[float]:
@@ -45,8 +44,9 @@ def hook_import_ms(env: dict[str, str], runs: int) -> float:
     included): the hook's own start-up cost, free of the wall-clock noise of a shared machine."""
     samples = []
     for _ in range(runs):
-        err = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"], env=env, check=True,
-                             capture_output=True, text=True).stderr
+        err = subprocess.run(
+            [sys.executable, "-X", "importtime", "-c", "pass"], env=env, check=True, capture_output=True, text=True
+        ).stderr
         line = next(line for line in err.splitlines() if line.split("|")[-1].strip() == "sitecustomize")
         samples.append(int(line.split("|")[1]) / 1000)
     return statistics.median(samples)
@@ -79,21 +79,32 @@ def main() -> int:
     base = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_PHASETRACE")}
     base.pop("PYTHONPATH", None)
     base.pop("PYTHONDONTWRITEBYTECODE", None)  # measure as deployed: compiled once, cached
-    hooked = {**base, "PYTHONPATH": str(ROOT / "sitecustomize_hooks"),
-              "SGLANG_PHASETRACE_RUN_DIR": tempfile.mkdtemp(prefix="bench-overhead-")}
+    hooked = {
+        **base,
+        "PYTHONPATH": str(ROOT / "sitecustomize_hooks"),
+        "SGLANG_PHASETRACE_RUN_DIR": tempfile.mkdtemp(prefix="bench-overhead-"),
+    }
 
     plain, with_hook = timed("pass", [base, hooked], 5 * args.runs)
-    print(f"python -c pass         no hook {plain * 1e3:7.1f} ms   hook {with_hook * 1e3:7.1f} ms"
-          f"   ratio {with_hook / plain:.3f}   (the hook's own import: {hook_import_ms(hooked, 15):.2f} ms)")
+    print(
+        f"python -c pass         no hook {plain * 1e3:7.1f} ms   hook {with_hook * 1e3:7.1f} ms"
+        f"   ratio {with_hook / plain:.3f}   (the hook's own import: {hook_import_ms(hooked, 15):.2f} ms)"
+    )
     plain, with_hook = timed("import sglang", [base, hooked], 3 * args.runs)
-    print(f"python -c 'import sglang'  no hook {plain * 1e3:5.0f} ms   hook {with_hook * 1e3:5.0f} ms"
-          f"   ratio {with_hook / plain:.3f}")
+    print(
+        f"python -c 'import sglang'  no hook {plain * 1e3:5.0f} ms   hook {with_hook * 1e3:5.0f} ms"
+        f"   ratio {with_hook / plain:.3f}"
+    )
     plain, with_hook = timed(IMPORTS, [base, hooked], max(3, args.runs // 2))
-    print(f"import scheduler, engine, EAGLE (patched)  no hook {plain:5.2f} s   hook {with_hook:5.2f} s"
-          f"   ratio {with_hook / plain:.3f}")
+    print(
+        f"import scheduler, engine, EAGLE (patched)  no hook {plain:5.2f} s   hook {with_hook:5.2f} s"
+        f"   ratio {with_hook / plain:.3f}"
+    )
     bare, wrapped = per_call_us()
-    print(f"one traced phase call  bare {bare:8.2f} µs   traced {wrapped:8.2f} µs (span + 2 journal writes)"
-          f"   +{wrapped - bare:.1f} µs")
+    print(
+        f"one traced phase call  bare {bare:8.2f} µs   traced {wrapped:8.2f} µs (span + 2 journal writes)"
+        f"   +{wrapped - bare:.1f} µs"
+    )
     return 0
 
 

@@ -50,14 +50,35 @@ def latency(model: str, plant: str, th: Any | None = None) -> tuple[str, float, 
 
     run_dir = Path(tempfile.mkdtemp(prefix="bench-watchdog-")) / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_PHASETRACE")}
-    env.update({"PYTHONPATH": str(ROOT / "sitecustomize_hooks"), "SGLANG_PHASETRACE_RUN_DIR": str(run_dir),
-                "HF_HUB_OFFLINE": "1"})
+    env.update(
+        {
+            "PYTHONPATH": str(ROOT / "sitecustomize_hooks"),
+            "SGLANG_PHASETRACE_RUN_DIR": str(run_dir),
+            "HF_HUB_OFFLINE": "1",
+        }
+    )
     if th is not None:
         env["SGLANG_PHASETRACE_HEARTBEAT_S"] = str(th.heartbeat_s)
     th = th or Thresholds()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests/programs/dist_ranks.py"), model, "--world", "2",
-                             "--plant", plant, "--rank", "1", "--port", str(_port())],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "tests/programs/dist_ranks.py"),
+            model,
+            "--world",
+            "2",
+            "--plant",
+            plant,
+            "--rank",
+            "1",
+            "--port",
+            str(_port()),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         dog = Watchdog(run_dir, th, out=open(os.devnull, "w"), py_spy=False)
         while True:  # as the watchdog's own loop: one pass per heartbeat interval
@@ -84,7 +105,7 @@ def beat_cost(beats: int = 300) -> float:
 
     handles = [spans.start_phase(f"bench.phase{i}") for i in range(4)]
     handles[-1].progress(done=3, total=10, unit="shards")
-    beat = heartbeat._current
+    beat = heartbeat.current()
     start = time.thread_time()
     for _ in range(beats):
         beat.beat()
@@ -98,20 +119,26 @@ def main() -> int:
     default = Thresholds()
     per_beat = beat_cost()
     print("heartbeat cost, in-process:")
-    print(f"  {per_beat:8.0f} µs CPU per beat  -> {per_beat / default.heartbeat_s / 1e4:.4f} % of one core per rank"
-          f" at the {default.heartbeat_s:g} s default")
+    print(
+        f"  {per_beat:8.0f} µs CPU per beat  -> {per_beat / default.heartbeat_s / 1e4:.4f} % of one core per rank"
+        f" at the {default.heartbeat_s:g} s default"
+    )
     print("\nstall -> diagnosis (real SGLang gloo init, 2 ranks, rank 1 stalls before initialize_model_parallel):")
     print(f"  {'stall':<30} {'settings':<40} {'finding':<10} {'latency s':>9} {'stalled rank CPU %':>19}")
-    rows = (("blocked (time.sleep)", "sleep", None, "defaults (nothing set)"),
-            ("GIL held in C (ctypes sleep)", "gil", None, "defaults (nothing set)"),
-            ("blocked (time.sleep)", "sleep", Thresholds(1.0, 4.0, 5.0, 50.0, 4.0), "heartbeat 1 s, blocked 4 s"))
+    rows = (
+        ("blocked (time.sleep)", "sleep", None, "defaults (nothing set)"),
+        ("GIL held in C (ctypes sleep)", "gil", None, "defaults (nothing set)"),
+        ("blocked (time.sleep)", "sleep", Thresholds(1.0, 4.0, 5.0, 50.0, 4.0), "heartbeat 1 s, blocked 4 s"),
+    )
     at_defaults = None
     for name, plant, th, settings in rows:
         kind, total, cpu = latency(model, plant, th)
         print(f"  {name:<30} {settings:<40} {kind:<10} {total:9.1f} {cpu:19.2f}")
         at_defaults = at_defaults or total
-    print(f"\nat the defaults the diagnosis comes {at_defaults:.1f} s after the stall; without it, the first word"
-          " is from:")
+    print(
+        f"\nat the defaults the diagnosis comes {at_defaults:.1f} s after the stall; without it, the first word"
+        " is from:"
+    )
     for name, seconds in ANCHORS:
         after = f"{seconds:5.0f} s  ({seconds / at_defaults:4.1f}x later)" if seconds else "never during init"
         print(f"  {name:<72} {after}")

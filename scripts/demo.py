@@ -27,8 +27,11 @@ def main() -> int:
     parser.add_argument("--dir", type=Path, default=Path("phasetrace-demo"), help="models and runs go here")
     args = parser.parse_args()
     target, draft = args.dir / "tiny-llama", args.dir / "tiny-llama-eagle"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), str(target), "--draft", str(draft)],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), str(target), "--draft", str(draft)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     runs = (args.dir / "runs").resolve()
     command = [sys.executable, str(ROOT / "scripts" / "start_engine.py"), str(target), "--tp", str(args.tp)]
     if args.eagle:

@@ -24,7 +24,7 @@ pip install "torch==2.13.0"                                # CPU build
 pip install --no-deps "sglang==$SGLANG_VERSION" "torchvision==0.28.0"
 pip install -r scripts/cpu_env/requirements.txt
 pip install --no-deps -e ".[test]"
-pip install "pytest>=8" "pytest-timeout>=2.3" "ruff>=0.6"
+pip install "pytest>=8" "pytest-timeout>=2.3" "ruff==0.17.6" "twine>=5"
 
 for v in $SGLANG_OVERLAYS; do
   [ -d "$VENV/overlays/sglang-$v/sglang" ] || pip install --no-deps --target "$VENV/overlays/sglang-$v" "sglang==$v"

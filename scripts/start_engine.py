@@ -13,7 +13,9 @@ import os
 import time
 
 CPU_ENV = {
-    "SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+    "SGLANG_USE_CPU_ENGINE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
 
@@ -32,11 +34,21 @@ def main() -> int:
 
     import sglang
 
-    kwargs = dict(model_path=args.model, device="cpu", tp_size=args.tp, max_total_tokens=4096,
-                  log_level=os.environ.get("SGLANG_LOG_LEVEL", "warning"))
+    kwargs = dict(
+        model_path=args.model,
+        device="cpu",
+        tp_size=args.tp,
+        max_total_tokens=4096,
+        log_level=os.environ.get("SGLANG_LOG_LEVEL", "warning"),
+    )
     if args.draft:
-        kwargs.update(speculative_algorithm="EAGLE", speculative_draft_model_path=args.draft,
-                      speculative_num_steps=2, speculative_eagle_topk=1, speculative_num_draft_tokens=3)
+        kwargs.update(
+            speculative_algorithm="EAGLE",
+            speculative_draft_model_path=args.draft,
+            speculative_num_steps=2,
+            speculative_eagle_topk=1,
+            speculative_num_draft_tokens=3,
+        )
     tic = time.perf_counter()
     engine = sglang.Engine(**kwargs)
     print(f"engine ready in {time.perf_counter() - tic:.1f} s", flush=True)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sglang_phasetrace.tracing import keys, records
+
 HOST = "node0"
 LAUNCHER_PID = 1000
 S = 1_000_000_000  # ns per second
@@ -27,22 +29,75 @@ FAIL_MESSAGE = "CUDA out of memory while loading weights"
 Tree = tuple[str, dict[str, Any], float, list]
 RANK_TREE: list[Tree] = [
     ("rank.bootstrap", {}, 2.0, []),
-    ("dist.init", {}, 0.1, [
-        ("dist.init_process_group", {"sglang.backend": "nccl"}, 0.3, [
-            ("dist.group_coordinator", {"sglang.group_name": "world"}, 0.05, [])]),
-        ("dist.model_parallel_groups", {}, 0.05, [
-            ("dist.group_coordinator", {"sglang.group_name": "tp"}, 0.2, []),
-            ("dist.group_coordinator", {"sglang.group_name": "pp"}, 0.02, [])]),
-    ]),
-    ("scheduler.init_tp_worker", {}, 0.1, [
-        ("model_runner.init", {"sglang.is_draft": False}, 0.2, [
-            ("model.load_weights", {"sglang.is_draft": False}, 0.1, [
-                ("model.loader", {"sglang.loader": "DefaultModelLoader"}, 0.1, [
-                    ("model.weights_iterator", {"sglang.shards": 4}, 4.0, [])])])])]),
-    ("scheduler.init_draft_worker", {}, 0.05, [
-        ("eagle.worker_init", {"sglang.speculative_num_steps": 3}, 0.05, [
-            ("model_runner.init", {"sglang.is_draft": True}, 0.1, [
-                ("model.load_weights", {"sglang.is_draft": True}, 0.5, [])])])]),
+    (
+        "dist.init",
+        {},
+        0.1,
+        [
+            (
+                "dist.init_process_group",
+                {"sglang.backend": "nccl"},
+                0.3,
+                [("dist.group_coordinator", {"sglang.group_name": "world"}, 0.05, [])],
+            ),
+            (
+                "dist.model_parallel_groups",
+                {},
+                0.05,
+                [
+                    ("dist.group_coordinator", {"sglang.group_name": "tp"}, 0.2, []),
+                    ("dist.group_coordinator", {"sglang.group_name": "pp"}, 0.02, []),
+                ],
+            ),
+        ],
+    ),
+    (
+        "scheduler.init_tp_worker",
+        {},
+        0.1,
+        [
+            (
+                "model_runner.init",
+                {"sglang.is_draft": False},
+                0.2,
+                [
+                    (
+                        "model.load_weights",
+                        {"sglang.is_draft": False},
+                        0.1,
+                        [
+                            (
+                                "model.loader",
+                                {"sglang.loader": "DefaultModelLoader"},
+                                0.1,
+                                [("model.weights_iterator", {"sglang.shards": 4}, 4.0, [])],
+                            )
+                        ],
+                    )
+                ],
+            )
+        ],
+    ),
+    (
+        "scheduler.init_draft_worker",
+        {},
+        0.05,
+        [
+            (
+                "eagle.worker_init",
+                {"sglang.speculative_num_steps": 3},
+                0.05,
+                [
+                    (
+                        "model_runner.init",
+                        {"sglang.is_draft": True},
+                        0.1,
+                        [("model.load_weights", {"sglang.is_draft": True}, 0.5, [])],
+                    )
+                ],
+            )
+        ],
+    ),
     ("scheduler.init_memory_pools", {}, 0.05, [("kv_cache.alloc", {"sglang.is_draft": False}, 1.0, [])]),
     ("scheduler.init_attention_backends", {}, 0.05, [("attention.init", {"sglang.is_draft": False}, 0.2, [])]),
     ("scheduler.init_cuda_graphs", {}, 0.05, [("graph.init", {}, 0.05, [])]),  # capture passes added here
@@ -78,14 +133,23 @@ class _Journal:
 
 def _process(j: _Journal, t: int, pid: int, label: str, role: str, run_id: str, ident: dict[str, Any]) -> None:
     attrs = {"host.name": HOST, "process.pid": pid, "sglang.role": role, "sglang.rank": label, **ident}
-    j.write({"v": 1, "kind": "process", "t": t, "pid": pid, "ppid": LAUNCHER_PID if role == "rank" else 1,
-             "host": HOST, "run_id": run_id, "boot_t": t, "resource": {"service.name": "sglang", **attrs}})
-    j.write({"kind": "identity", "t": t, "label": label, "role": role, "attrs": attrs})
+    ppid = LAUNCHER_PID if role == "rank" else 1
+    j.write(records.process(t, pid, ppid, HOST, run_id, t, {"service.name": "sglang", **attrs}))
+    j.write(records.identity(t, label, role, attrs))
 
 
-def build_run(path: Path, ranks: int = 2, spans: int = 40, *, slow_rank: int | None = None,
-              stalled_rank: int | None = None, failed_rank: int | None = None, corrupt: bool = False,
-              same_ids: bool = False, end_ns: int | None = None) -> SyntheticRun:
+def build_run(
+    path: Path,
+    ranks: int = 2,
+    spans: int = 40,
+    *,
+    slow_rank: int | None = None,
+    stalled_rank: int | None = None,
+    failed_rank: int | None = None,
+    corrupt: bool = False,
+    same_ids: bool = False,
+    end_ns: int | None = None,
+) -> SyntheticRun:
     """Write a run directory at ``path`` whose latest record is at ``end_ns`` (default: now).
 
     ``failed_rank`` raises in its target weight loading; ``same_ids`` gives every rank the same
@@ -103,11 +167,22 @@ def build_run(path: Path, ranks: int = 2, spans: int = 40, *, slow_rank: int | N
     _process(launcher, t0, LAUNCHER_PID, "launcher", "launcher", run_id, {})
     root = launcher.span_id(0)
     wait = launcher.span_id(0)
-    launcher.write({"kind": "begin", "t": t0, "span": root, "parent": None, "trace": trace, "name": "sglang.launch",
-                    "attrs": {"sglang.phase": "launch.engine", "sglang.tp_size": ranks}, "thread": "MainThread"})
-    launcher.write({"kind": "begin", "t": t0 + S // 2, "span": wait, "parent": root, "trace": trace,
-                    "thread": "MainThread", "name": "launch.wait_ranks",
-                    "attrs": {"sglang.phase": "launch.wait_ranks"}})
+    launcher.write(
+        records.begin(
+            t0,
+            root,
+            None,
+            trace,
+            "sglang.launch",
+            {keys.PHASE: keys.PHASE_LAUNCH_ENGINE, "sglang.tp_size": ranks},
+            "MainThread",
+        )
+    )
+    launcher.write(
+        records.begin(
+            t0 + S // 2, wait, root, trace, "launch.wait_ranks", {keys.PHASE: "launch.wait_ranks"}, "MainThread"
+        )
+    )
     result = SyntheticRun(path, labels, pids, slow=labels[slow_rank] if slow_rank is not None else None)
     latest = t0
     for r, label in enumerate(labels):
@@ -117,8 +192,19 @@ def build_run(path: Path, ranks: int = 2, spans: int = 40, *, slow_rank: int | N
         _process(j, start, pid, label, "rank", run_id, {"sglang.tp_rank": r, "sglang.gpu_id": r % 8})
         stuck = r == stalled_rank
         waiting = stalled_rank is not None and not stuck
-        t, opened = _rank(j, trace, root, label, 0 if same_ids else r, start, spans, slow=r == slow_rank,
-                          stuck=stuck, waiting=waiting, fail=r == failed_rank)
+        t, opened = _rank(
+            j,
+            trace,
+            root,
+            label,
+            0 if same_ids else r,
+            start,
+            spans,
+            slow=r == slow_rank,
+            stuck=stuck,
+            waiting=waiting,
+            fail=r == failed_rank,
+        )
         last_beat = (t - S if stuck else end_ns - S) if opened else t
         beat = _heartbeat(pid, label, last_beat, opened, ready=not opened)
         j.write(beat)
@@ -133,35 +219,50 @@ def build_run(path: Path, ranks: int = 2, spans: int = 40, *, slow_rank: int | N
             result.broken.append(f"{j.path}:{len(j.lines) + 1}")
         j.save(tail)
     if stalled_rank is None:
-        launcher.write({"kind": "end", "t": latest + S // 10, "span": wait, "status": "ok", "attrs": {}})
-        launcher.write({"kind": "end", "t": latest + S // 5, "span": root, "status": "ok", "attrs": {}})
+        launcher.write(records.end(latest + S // 10, wait, "ok", {}))
+        launcher.write(records.end(latest + S // 5, root, "ok", {}))
     else:
         result.stalled = label = labels[stalled_rank]
         pid = pids[label]
         stack = path / "stacks" / f"{HOST}-{pid}.txt"
-        stack.write_text(f"\n=== stacks of pid {pid} requested: stalled in {STALL_PHASE} ===\n"
-                         'Thread 0x00007f (most recent call first):\n'
-                         '  File "torch/distributed/distributed_c10d.py", line 1710 in init_process_group\n'
-                         '  File "sglang/srt/distributed/parallel_state.py", line 1312 in '
-                         'init_distributed_environment\n')
+        stack.write_text(
+            f"\n=== stacks of pid {pid} requested: stalled in {STALL_PHASE} ===\n"
+            "Thread 0x00007f (most recent call first):\n"
+            '  File "torch/distributed/distributed_c10d.py", line 1710 in init_process_group\n'
+            '  File "sglang/srt/distributed/parallel_state.py", line 1312 in '
+            "init_distributed_environment\n"
+        )
         peers = {lab: PEER_WAIT_PHASE for lab in labels if lab != label}
-        launcher.write({"kind": "diagnosis", "t": end_ns, "finding": "straggler", "label": label, "pid": pid,
-                        "phase": STALL_PHASE, "since_s": 85.0, "waiting": peers, "stacks": [str(stack)],
-                        "message": f"{label} has been in {STALL_PHASE} for 85 s while {len(peers)} peers wait "
-                                   f"in {PEER_WAIT_PHASE}"})
+        message = f"{label} has been in {STALL_PHASE} for 85 s while {len(peers)} peers wait in {PEER_WAIT_PHASE}"
+        launcher.write(
+            records.diagnosis(end_ns, "straggler", label, pid, STALL_PHASE, 85.0, message, peers, [str(stack)])
+        )
     launcher.save()
     return result
 
 
-def _rank(j: _Journal, trace: str, parent: str, label: str, r: int, start: int, spans: int, *, slow: bool,
-          stuck: bool, waiting: bool, fail: bool) -> tuple[int, bool]:
+def _rank(
+    j: _Journal,
+    trace: str,
+    parent: str,
+    label: str,
+    r: int,
+    start: int,
+    spans: int,
+    *,
+    slow: bool,
+    stuck: bool,
+    waiting: bool,
+    fail: bool,
+) -> tuple[int, bool]:
     """Write one rank's phases from ``start``; return the time reached and whether it stopped open."""
     root = j.span_id(r)
-    j.write({"kind": "begin", "t": start, "span": root, "parent": parent, "trace": trace,
-             "name": f"rank {label} @ {HOST}", "thread": "MainThread", "attrs": {"sglang.phase": "rank"}})
+    j.write(
+        records.begin(start, root, parent, trace, f"rank {label} @ {HOST}", {keys.PHASE: keys.PHASE_RANK}, "MainThread")
+    )
     budget = [spans - 1]
     jitter = 1.0 + (r % 7) * 0.01
-    error = {"type": "RuntimeError", "message": FAIL_MESSAGE, "stack": "Traceback (most recent call last):\n  ..."}
+    error = records.error("RuntimeError", FAIL_MESSAGE, "Traceback (most recent call last):\n  ...")
 
     def walk(items: list[Tree], parent_id: str, t: int) -> tuple[int, str]:
         """Returns the time reached and how it stopped: ``done``, ``open`` (stuck) or ``error``."""
@@ -170,25 +271,26 @@ def _rank(j: _Journal, trace: str, parent: str, label: str, r: int, start: int, 
                 return t, "done"
             budget[0] -= 1
             sid = j.span_id(r)
-            j.write({"kind": "begin", "t": t, "span": sid, "parent": parent_id, "trace": trace, "name": name,
-                     "attrs": {"sglang.phase": name, **attrs}, "thread": "MainThread"})
-            if (stuck and name == STALL_PHASE) or (waiting and attrs.get("sglang.group_name") == "tp"):
+            j.write(records.begin(t, sid, parent_id, trace, name, {keys.PHASE: name, **attrs}, "MainThread"))
+            if (stuck and name == STALL_PHASE) or (waiting and attrs.get(keys.GROUP_NAME) == "tp"):
                 return t + int(2 * S), "open"
             t += int(own_s * jitter * (3.0 if slow and name == "model.weights_iterator" else 1.0) * S / 2)
             if name == "model.weights_iterator":
-                j.write({"kind": "event", "t": t, "span": sid, "name": "shard_loaded",
-                         "attrs": {"done": 4, "total": 4, "shard": "model-00004.safetensors"}})
+                j.write(
+                    records.event(t, sid, "shard_loaded", {"done": 4, "total": 4, "shard": "model-00004.safetensors"})
+                )
             if name == "graph.init":
-                children = [("graph.capture_bs", {"sglang.batch_size": bs}, 0.002, [])
-                            for bs in range(1, max(1, budget[0]) + 1)]
+                children = [
+                    ("graph.capture_bs", {"sglang.batch_size": bs}, 0.002, []) for bs in range(1, max(1, budget[0]) + 1)
+                ]
             state = "error" if fail and name == "model.load_weights" else "done"
             if state == "done":
                 t, state = walk(children, sid, t)
             if state == "open":
                 return t, state
             t += int(own_s * jitter * S / 2)
-            j.write({"kind": "end", "t": t, "span": sid, "status": "ok" if state == "done" else "error",
-                     "attrs": {}, **({"error": error} if state == "error" else {})})
+            failed = state == "error"
+            j.write(records.end(t, sid, "error" if failed else "ok", {}, error if failed else None))
             if state == "error":
                 return t, state
         return t, "done"
@@ -196,16 +298,21 @@ def _rank(j: _Journal, trace: str, parent: str, label: str, r: int, start: int, 
     t, state = walk(RANK_TREE, root, start)
     if state != "open":
         t += S // 100
-        j.write({"kind": "end", "t": t, "span": root, "status": "ok" if state == "done" else "error", "attrs": {},
-                 **({"error": error} if state == "error" else {})})
+        failed = state == "error"
+        j.write(records.end(t, root, "error" if failed else "ok", {}, error if failed else None))
     return t, state == "open"
 
 
 def _heartbeat(pid: int, label: str, t: int, busy: bool, ready: bool) -> dict[str, Any]:
-    beat: dict[str, Any] = {"kind": "heartbeat", "t": t, "seq": 3, "pid": pid, "label": label, "ready": ready,
-                            "interval_s": 5.0, "cpu_s": 0.4, "rss": 2_500_000_000, "threads": 12, "phases": []}
+    phases, collective = [], None
     if busy:
-        beat["phases"] = [{"name": "dist.init", "phase": "dist.init", "since_s": 2.0,
-                           "progress": {"done": 1, "total": 2, "unit": "groups"}}]
-        beat["collective"] = {"op": "barrier", "group": "tp", "seq": 4, "since_s": 2.0}
-    return beat
+        phases = [
+            {
+                "name": "dist.init",
+                "phase": "dist.init",
+                "since_s": 2.0,
+                "progress": {"done": 1, "total": 2, "unit": "groups"},
+            }
+        ]
+        collective = {"op": "barrier", "group": "tp", "seq": 4, "since_s": 2.0}
+    return records.heartbeat(t, 3, pid, label, ready, 5.0, phases, 0.4, 2_500_000_000, 12, collective=collective)

@@ -11,6 +11,9 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
+import types
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,8 +25,13 @@ SCRIPTS = ROOT / "scripts"
 # Older SGLang releases installed beside the venv's own (scripts/install-cpu.sh, SGLANG_OVERLAYS):
 # each is a directory holding only that release's ``sglang`` package, put ahead on PYTHONPATH.
 OVERLAYS = {p.name.removeprefix("sglang-"): p for p in sorted((Path(sys.prefix) / "overlays").glob("sglang-*"))}
-CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
+CPU_ENV = {
+    "SGLANG_USE_CPU_ENGINE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "SGLANG_CPU_OMP_THREADS_BIND": "0|1",
+}
 
 
 def have_sglang() -> bool:
@@ -69,11 +77,25 @@ def run_dirs(base_dir: Path) -> list[Path]:
     return sorted(p for p in base_dir.iterdir() if (p / "journal").is_dir()) if base_dir.is_dir() else []
 
 
-def run_program(args: list[str], base_dir: Path, *, env: dict[str, str] | None = None,
-                timeout: float = 240, hooks: bool = True, cwd: Path | None = None) -> Ran:
+def run_program(
+    args: list[str],
+    base_dir: Path,
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 240,
+    hooks: bool = True,
+    cwd: Path | None = None,
+) -> Ran:
     """Run ``python args…`` under the hook in its own process group; kill the group on timeout."""
-    proc = subprocess.Popen([sys.executable, *args], env=hook_env(base_dir, env, hooks), cwd=cwd or base_dir,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        env=hook_env(base_dir, env, hooks),
+        cwd=cwd or base_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -101,8 +123,12 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         pytest.skip("real sglang is not installed")
     out = tmp_path_factory.mktemp("models")
     target, draft = out / "tiny-llama", out / "tiny-llama-eagle"
-    subprocess.run([sys.executable, str(SCRIPTS / "make_tiny_model.py"), str(target), "--draft", str(draft)],
-                   check=True, capture_output=True, env={**os.environ, **CPU_ENV})
+    subprocess.run(
+        [sys.executable, str(SCRIPTS / "make_tiny_model.py"), str(target), "--draft", str(draft)],
+        check=True,
+        capture_output=True,
+        env={**os.environ, **CPU_ENV},
+    )
     return target, draft
 
 
@@ -118,16 +144,18 @@ def engine_run(tiny_model: tuple[Path, Path], tmp_path_factory: pytest.TempPathF
 
 
 @pytest.fixture(scope="session", params=["installed", *OVERLAYS])
-def live_run(request: pytest.FixtureRequest, tiny_model: tuple[Path, Path],
-             tmp_path_factory: pytest.TempPathFactory) -> Ran:
+def live_run(
+    request: pytest.FixtureRequest, tiny_model: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Ran:
     """``engine_run`` on the installed SGLang, and the same start on each older release installed
     as an overlay (0.5.9 in CI)."""
     if request.param == "installed":
         return request.getfixturevalue("engine_run")
     base = tmp_path_factory.mktemp(f"engine-run-{request.param}")
     overlay = {"PYTHONPATH": os.pathsep.join((str(HOOKS), str(OVERLAYS[request.param])))}
-    ran = run_program([str(SCRIPTS / "start_engine.py"), str(tiny_model[0]), "--tp", "2"], base, env=overlay,
-                      timeout=600)
+    ran = run_program(
+        [str(SCRIPTS / "start_engine.py"), str(tiny_model[0]), "--tp", "2"], base, env=overlay, timeout=600
+    )
     assert ran.returncode == 0, ran.stderr[-4000:]
     assert ran.run_dir is not None, "no run directory was written"
     return ran
@@ -135,10 +163,11 @@ def live_run(request: pytest.FixtureRequest, tiny_model: tuple[Path, Path],
 
 @pytest.fixture
 def trace_run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """In-process tracing: a fresh runtime journaling into ``tmp_path/run`` (journal only, no
-    exporter, heartbeats quiet); the runtime, its provider and the signal handlers that
-    ``start_phase`` arms are reset afterwards. Read spans back with ``tracing.rundir.load_run``."""
-    from sglang_phasetrace.tracing import heartbeat, runtime
+    """In-process tracing: a fresh process state (``tracing.process_state``: runtime, heartbeat,
+    collectives, say-once memory…) journaling into ``tmp_path/run`` (journal only, no exporter,
+    heartbeats quiet); stopped, closed and reset afterwards, with the signal handlers as they were.
+    Read spans back with ``tracing.rundir.load_run``."""
+    from sglang_phasetrace.tracing import process_state
 
     path = tmp_path / "run"
     monkeypatch.setenv("SGLANG_PHASETRACE_RUN_DIR", str(path))
@@ -146,16 +175,35 @@ def trace_run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "TRACEPARENT"):
         monkeypatch.delenv(name, raising=False)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)}
-    runtime._current = None
+    process_state.reset()
     yield path
-    rt = runtime._current
-    beat = getattr(heartbeat, "_current", None)
-    if beat is not None and getattr(beat, "rt", None) is rt:
+    rt, beat = process_state.STATE.runtime, process_state.STATE.heartbeat
+    if beat is not None:
         beat.stop.set()
     if rt is not None and rt.provider is not None:
         rt.provider.shutdown()
     if rt is not None and rt.journal is not None:
         rt.journal.close()
-    runtime._current = None
+    process_state.reset()
     for sig, handler in handlers.items():
         signal.signal(sig, handler)
+
+
+@pytest.fixture
+def make_module():
+    """``make_module(source, **names)``: a fresh ``_t_<hex>`` module holding ``names`` and running
+    ``source`` (dedented), registered in ``sys.modules`` for the test and removed after it."""
+    made: list[str] = []
+
+    def make(source: str = "", **namespace) -> types.ModuleType:
+        name = f"_t_{uuid.uuid4().hex}"
+        module = types.ModuleType(name)
+        module.__dict__.update(namespace)
+        sys.modules[name] = module
+        made.append(name)
+        exec(compile(textwrap.dedent(source), f"<{name}>", "exec"), module.__dict__)
+        return module
+
+    yield make
+    for name in made:
+        sys.modules.pop(name, None)

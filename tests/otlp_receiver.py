@@ -1,4 +1,5 @@
-"""Real OTLP trace receivers for the tests: gRPC and HTTP (``/v1/traces``, protobuf body).
+"""Real OTLP trace receivers for the tests: gRPC and HTTP (``/v1/traces``, protobuf body). Like a
+collector, they also take metrics (``/v1/metrics``, the gRPC metrics service) and count them.
 
 Both decode the wire format with the official ``opentelemetry-proto`` messages, the way a
 collector or Jaeger does, and keep what arrived as plain :class:`ReceivedSpan` records:
@@ -22,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1 import common_pb2
 
@@ -63,6 +65,7 @@ class OtlpReceiver:
         self.protocol = protocol
         self.port = 0
         self.requests = 0
+        self.metric_requests = 0
         self._spans: list[ReceivedSpan] = []
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -75,10 +78,17 @@ class OtlpReceiver:
             resource = attributes(resource_spans.resource.attributes)
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:
-                    received.append(ReceivedSpan(
-                        trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
-                        parent_id=span.parent_span_id.hex() or None, name=span.name,
-                        status=span.status.code, attrs=attributes(span.attributes), resource=resource))
+                    received.append(
+                        ReceivedSpan(
+                            trace_id=span.trace_id.hex(),
+                            span_id=span.span_id.hex(),
+                            parent_id=span.parent_span_id.hex() or None,
+                            name=span.name,
+                            status=span.status.code,
+                            attrs=attributes(span.attributes),
+                            resource=resource,
+                        )
+                    )
         with self._changed:
             self.requests += 1
             self._spans.extend(received)
@@ -123,8 +133,14 @@ class OtlpReceiver:
                 receiver.accept(request)
                 return trace_service_pb2.ExportTraceServiceResponse()
 
+        class MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
+            def Export(self, request, context):
+                receiver.metric_requests += 1
+                return metrics_service_pb2.ExportMetricsServiceResponse()
+
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Servicer(), server)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(MetricsServicer(), server)
         self.port = server.add_insecure_port("127.0.0.1:0")
         server.start()
         self._server = server
@@ -134,7 +150,8 @@ class OtlpReceiver:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                if self.path.split("?")[0] != "/v1/traces":
+                path = self.path.split("?")[0]
+                if path not in ("/v1/traces", "/v1/metrics"):
                     self.send_error(404)
                     return
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -146,10 +163,14 @@ class OtlpReceiver:
                 if "protobuf" not in (self.headers.get("Content-Type") or ""):
                     self.send_error(415, "only application/x-protobuf is served here")
                     return
-                request = trace_service_pb2.ExportTraceServiceRequest()
-                request.ParseFromString(body)
-                receiver.accept(request)
-                reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                if path == "/v1/metrics":
+                    receiver.metric_requests += 1
+                    reply = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
+                else:
+                    request = trace_service_pb2.ExportTraceServiceRequest()
+                    request.ParseFromString(body)
+                    receiver.accept(request)
+                    reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", str(len(reply)))

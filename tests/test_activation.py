@@ -52,7 +52,9 @@ def other_sitecustomize(tmp_path: Path) -> Path:
 def test_process_that_never_imports_sglang_pays_nothing(tmp_path, other_sitecustomize):
     base = tmp_path / "runs"
     base.mkdir()
-    path = program(tmp_path, """
+    path = program(
+        tmp_path,
+        """
         report(sys.argv[1] + ".start")
         import email.mime.text, http.client, json, sqlite3, xml.dom.minidom  # ordinary imports
         try:
@@ -60,10 +62,15 @@ def test_process_that_never_imports_sglang_pays_nothing(tmp_path, other_sitecust
         except ImportError:
             pass
         report(sys.argv[1])
-    """)
+    """,
+    )
     out = tmp_path / "report.json"
-    ran = run_program([str(path), str(out)], base,
-                      env={"PYTHONPATH": os.pathsep.join([str(HOOKS), str(other_sitecustomize)])}, timeout=60)
+    ran = run_program(
+        [str(path), str(out)],
+        base,
+        env={"PYTHONPATH": os.pathsep.join([str(HOOKS), str(other_sitecustomize)])},
+        timeout=60,
+    )
 
     assert ran.returncode == 0, ran.stderr
     assert (ran.stdout, ran.stderr) == ("", ""), "no output at all"
@@ -80,8 +87,9 @@ def test_failing_shadowed_sitecustomize_is_one_warning_not_a_crash(tmp_path):
     (folder / "sitecustomize.py").write_text("raise RuntimeError('broken site setup')\n")
     path = program(tmp_path, "report(sys.argv[1])\n")
     out = tmp_path / "report.json"
-    ran = run_program([str(path), str(out)], tmp_path,
-                      env={"PYTHONPATH": os.pathsep.join([str(HOOKS), str(folder)])}, timeout=60)
+    ran = run_program(
+        [str(path), str(out)], tmp_path, env={"PYTHONPATH": os.pathsep.join([str(HOOKS), str(folder)])}, timeout=60
+    )
     assert ran.returncode == 0 and ran.stdout == ""
     lines = ran.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("sglang-phasetrace: ") and "broken site setup" in lines[0]
@@ -114,8 +122,9 @@ def test_sglang_phasetrace_switch(tmp_path, switch):
     base = tmp_path / "runs"
     base.mkdir()
     out = tmp_path / "report.json"
-    ran = run_program([str(program(tmp_path, IMPORT_SGLANG)), str(out)], base,
-                      env={"SGLANG_PHASETRACE": switch}, timeout=180)
+    ran = run_program(
+        [str(program(tmp_path, IMPORT_SGLANG)), str(out)], base, env={"SGLANG_PHASETRACE": switch}, timeout=180
+    )
 
     assert ran.returncode == 0, ran.stderr[-4000:]
     report = json.loads(out.read_text())
@@ -123,9 +132,12 @@ def test_sglang_phasetrace_switch(tmp_path, switch):
         assert report["ours"] == [] and "_FirstSglangImport" not in report["finders"]
         assert set(report["marks"].values()) == {None}
     else:
-        assert report["marks"] == {"Scheduler.__init__": "rank", "ModelRunner.load_model": "model.load_weights",
-                                   "ModelRunner.alloc_memory_pool": "kv_cache.alloc",
-                                   "init_distributed_environment": "dist.init_process_group"}
+        assert report["marks"] == {
+            "Scheduler.__init__": "rank",
+            "ModelRunner.load_model": "model.load_weights",
+            "ModelRunner.alloc_memory_pool": "kv_cache.alloc",
+            "init_distributed_environment": "dist.init_process_group",
+        }
         assert "_FirstSglangImport" not in report["finders"], "the one-shot finder removed itself"
     assert "sglang-phasetrace" not in ran.stderr
     assert run_dirs(base) == []

@@ -14,8 +14,16 @@ from cli_fixtures import STALL_PHASE, build_run
 from sglang_phasetrace.tracing.cli import main
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def chromium() -> str:
@@ -27,9 +35,20 @@ def chromium() -> str:
 
 def browse(page: Path, tmp_path: Path, *args: str) -> str:
     profile = tmp_path / f"profile-{len(list(tmp_path.glob('profile-*')))}"  # fresh per launch
-    done = subprocess.run([chromium(), *FLAGS, f"--user-data-dir={profile}", "--window-size=1400,1000",
-                           "--virtual-time-budget=5000", *args, page.as_uri()],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            chromium(),
+            *FLAGS,
+            f"--user-data-dir={profile}",
+            "--window-size=1400,1000",
+            "--virtual-time-budget=5000",
+            *args,
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 

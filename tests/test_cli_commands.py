@@ -310,7 +310,14 @@ def test_report_highlights_the_stalled_rank(
     code, out, _ = run_cli(capsys, "report", str(run.path), "-o", str(out_file))
     assert code == 0 and str(out_file) in out
     html = out_file.read_text()
-    assert re.search(r'class="verdict stalled">STALLED — tp1 in ' + re.escape(STALL_PHASE), html)
+    body = html.split("<body>", 1)[1]  # the first line is the verdict, as the watchdog says it
+    assert re.match(
+        r'\s*<div id="verdict" class="verdict stalled">STALL tp1 has been in '
+        + re.escape(STALL_PHASE)
+        + r" for 85 s while 3 peers wait",
+        body,
+    ), body[:300]
+    assert "<title>STALL tp1 — " in html
     assert 'class="finding" data-rank="tp1"' in html
     assert "init_distributed_environment" in html  # the stack dump is embedded
     assert all(f"<td>{peer}</td><td>{PEER_WAIT_PHASE}</td>" in html for peer in ("tp0", "tp2", "tp3"))
@@ -328,7 +335,13 @@ def test_report_failed_run_shows_the_error(
 ) -> None:
     code, _, _ = run_cli(capsys, "report", str(runs["failed"].path), "-o", str(tmp_path / "f.html"))
     html = (tmp_path / "f.html").read_text()
-    assert code == 0 and 'class="verdict failed">FAILED — tp1 in model.load_weights' in html
+    assert (
+        code == 0
+        and 'class="verdict failed">FAILED rank tp1 (pid 2001) failed: RuntimeError: '
+        + FAIL_MESSAGE
+        + " in &#x27;model.load_weights&#x27;"
+        in html
+    )
     assert FAIL_MESSAGE in html and 'class="error" open data-rank="tp1"' in html
 
 

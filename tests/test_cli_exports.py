@@ -84,7 +84,9 @@ def test_perfetto_trace_events(run_dir: Path, tmp_path: Path) -> None:
     total, procs = journal_spans(run_dir)
     events = doc["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
-    assert len(names) == len(procs) and all(any(n.startswith(label) for n in names.values()) for label in procs)
+    assert len(names) == len(procs) and all(
+        any(n.startswith((label, f"\u26a0 STALL {label}")) for n in names.values()) for label in procs
+    )
     slices = [e for e in events if e["ph"] in ("X", "B")]
     assert len(slices) == total and all(e["pid"] in names for e in slices)
     assert all(isinstance(e["ts"], (int, float)) and e.get("dur", 0) >= 0 for e in slices)
@@ -103,7 +105,7 @@ def test_perfetto_trace_events(run_dir: Path, tmp_path: Path) -> None:
     begun = [e for e in slices if e["ph"] == "B"]
     assert not any(e["ph"] == "E" for e in events)  # what never ended is shown as not ended
     if "stalled" in str(run_dir.parent):
-        assert STALL_PHASE in {e["name"] for e in begun}
+        assert f"\u26a0 STALL {STALL_PHASE}" in {e["name"] for e in begun}  # the culprit's phase, flagged
 
 
 def test_otlp_json_shape(run_dir: Path, tmp_path: Path) -> None:
@@ -133,15 +135,31 @@ def rotel_agent() -> str | None:
 class Rotel:
     """Rotel on loopback logging every decoded span (ids and names) to a file we read back."""
 
-    def __init__(self, agent: str, workdir: Path) -> None:
+    def __init__(self, agent: str, workdir: Path, signal: str = "traces") -> None:
         self.grpc, self.http = free_port(), free_port()
         self.log = workdir / "rotel.out"
         self.proc = subprocess.Popen(
-            [agent, "start", "--otlp-grpc-endpoint", f"127.0.0.1:{self.grpc}",
-             "--otlp-http-endpoint", f"127.0.0.1:{self.http}", "--exporter", "blackhole",
-             "--debug-log", "traces", "--debug-log-verbosity", "detailed",
-             "--pid-file", str(workdir / "rotel.pid"), "--log-file", str(workdir / "rotel.log")],
-            stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+            [
+                agent,
+                "start",
+                "--otlp-grpc-endpoint",
+                f"127.0.0.1:{self.grpc}",
+                "--otlp-http-endpoint",
+                f"127.0.0.1:{self.http}",
+                "--exporter",
+                "blackhole",
+                "--debug-log",
+                signal,
+                "--debug-log-verbosity",
+                "detailed",
+                "--pid-file",
+                str(workdir / "rotel.pid"),
+                "--log-file",
+                str(workdir / "rotel.log"),
+            ],
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
@@ -180,8 +198,9 @@ def rotel(tmp_path: Path):
     collector.stop()
 
 
-def test_collector_decodes_every_span(run_dir: Path, rotel: Rotel, tmp_path: Path,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_collector_decodes_every_span(
+    run_dir: Path, rotel: Rotel, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     expected = {s["spanID"] for t in export(run_dir, "jaeger", tmp_path)["data"] for s in t["spans"]}
     assert main(["export", str(run_dir), "--endpoint", f"http://127.0.0.1:{rotel.http}"]) == 0
     assert f"sent {len(expected)} spans" in capsys.readouterr().out
@@ -193,8 +212,9 @@ def test_collector_decodes_every_span(run_dir: Path, rotel: Rotel, tmp_path: Pat
     assert sorted(seen) == sorted(list(expected) * 2), "gRPC: each span decoded once more"
 
     body = json.dumps(export(run_dir, "otlp-json", tmp_path)).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{rotel.http}/v1/traces", data=body,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{rotel.http}/v1/traces", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=10) as answer:
         assert answer.status == 200
     seen = rotel.wait_for(3 * len(expected))
@@ -208,8 +228,39 @@ def test_collector_down_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureF
     assert code == 1 and f"127.0.0.1:{port}" in capsys.readouterr().err
 
 
-def test_install_script_is_idempotent_shell() -> None:
+@pytest.mark.skipif(not shutil.which("bash"), reason="needs bash")
+def test_install_script_installs_what_is_missing_and_then_nothing(tmp_path: Path) -> None:
+    """scripts/install-test-tools.sh run twice against stand-ins for apt-get, sudo and the venv's
+    python that log each call: the first run installs both tools, the second finds them and runs
+    no installer (nothing is downloaded: the stand-ins only create what an install would)."""
     script = Path(__file__).resolve().parents[1] / "scripts" / "install-test-tools.sh"
     assert script.is_file() and os.access(script, os.X_OK)
-    if shutil.which("bash"):
-        assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    bin_dir, venv, log = tmp_path / "bin", tmp_path / "venv", tmp_path / "calls.log"
+    (venv / "bin").mkdir(parents=True)
+    bin_dir.mkdir()
+    for tool in ("dirname", "id", "chmod", "touch"):  # the script's and the stand-ins' only commands
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    stand_ins = {
+        bin_dir / "sudo": 'exec "$@"',
+        bin_dir / "apt-get": f'echo "apt-get $*" >> {log}\n'
+        f'case " $* " in *" install "*) printf "#!/bin/sh\\n" > {bin_dir}/chromium; chmod +x {bin_dir}/chromium;; esac',
+        venv / "bin" / "python": f'if [ "$1" = -m ]; then echo "python $*" >> {log}; touch {venv}/rotel; exit 0; fi\n'
+        f"[ -f {venv}/rotel ]",  # the script's "is rotel-agent there" check
+    }
+    for path, body in stand_ins.items():
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(0o755)
+    env = {"PATH": str(bin_dir), "VENV": str(venv), "HOME": str(tmp_path)}
+
+    bash = shutil.which("bash")
+    first = subprocess.run([bash, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    assert log.read_text().splitlines() == [
+        "apt-get update -q",
+        "apt-get install -y -q --no-install-recommends chromium",
+        "python -m pip install -q rotel",
+    ]
+    again = subprocess.run([bash, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert len(log.read_text().splitlines()) == 3, "the second run installed something again"
+    assert "chromium: present" in again.stdout and "rotel: present" in again.stdout

@@ -90,9 +90,14 @@ def test_run_failure_keeps_exit_code(fake_launch: Path, tmp_path: Path, capsys: 
     err = capsys.readouterr().err
     run_dir = only_run_dir(base)
     assert code == 3
-    assert "FAILED — tp1 in model.load_weights: weights are corrupt" in err
+    # no process of the run recorded a verdict (no watchdog in this launcher): phasetrace run says it, once,
+    # in the watchdog's words, then its table; the root cause at the end (the launcher never got to say it)
+    verdict = "sglang-phasetrace: FAILED rank tp1 (pid 11) failed: RuntimeError: weights are corrupt in 'model.load_"
+    assert err.count(verdict) == 1 and err.count("sglang-phasetrace:") == 2, err
+    assert err.index(verdict) < err.index("phasetrace:   tp1        failed")
+    assert "sglang-phasetrace: ROOT CAUSE rank tp1 (pid 11) failed" in err and "FAILED —" not in err
     assert "the command exited with 3" in err
-    assert "FAILED" in (run_dir / "report.html").read_text()
+    assert "FAILED rank tp1" in (run_dir / "report.html").read_text()
 
 
 def test_run_command_that_cannot_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -32,31 +32,61 @@ class Rank:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.records: list[dict] = [
             {"kind": "process", "t": NOW - 300 * S, "pid": 100 + world, "host": "other", "resource": {}},
-            {"kind": "identity", "t": NOW - 300 * S, "label": f"tp{world}", "role": "rank",
-             "attrs": {"sglang.world_rank": world, "sglang.tp_rank": world}},
-            {"kind": "begin", "t": NOW - 300 * S, "span": f"{world}000000000000001", "parent": None, "trace": "a" * 32,
-             "name": f"rank tp{world}", "attrs": {"sglang.phase": "rank"}},
+            {
+                "kind": "identity",
+                "t": NOW - 300 * S,
+                "label": f"tp{world}",
+                "role": "rank",
+                "attrs": {"sglang.world_rank": world, "sglang.tp_rank": world},
+            },
+            {
+                "kind": "begin",
+                "t": NOW - 300 * S,
+                "span": f"{world}000000000000001",
+                "parent": None,
+                "trace": "a" * 32,
+                "name": f"rank tp{world}",
+                "attrs": {"sglang.phase": "rank"},
+            },
         ]
         self.n = 1
 
     def phase(self, name: str, begin_ago: float, end_ago: float | None = None) -> Rank:
         self.n += 1
         span = f"{self.world}{self.n:015d}"
-        self.records.append({"kind": "begin", "t": NOW - int(begin_ago * S), "span": span,
-                             "parent": f"{self.world}000000000000001", "trace": "a" * 32, "name": name,
-                             "attrs": {"sglang.phase": name}})
+        self.records.append(
+            {
+                "kind": "begin",
+                "t": NOW - int(begin_ago * S),
+                "span": span,
+                "parent": f"{self.world}000000000000001",
+                "trace": "a" * 32,
+                "name": name,
+                "attrs": {"sglang.phase": name},
+            }
+        )
         if end_ago is not None:
             self.records.append({"kind": "end", "t": NOW - int(end_ago * S), "span": span, "status": "ok", "attrs": {}})
         return self
 
-    def collective(self, op: str, seq: int, ago: float, group: str | None = None,
-                   left_ago: float | None = None) -> Rank:
+    def collective(
+        self, op: str, seq: int, ago: float, group: str | None = None, left_ago: float | None = None
+    ) -> Rank:
         group = group or f"tp:0[{self.members}]"
-        self.records.append({"kind": "collective", "t": NOW - int(ago * S), "edge": "enter", "op": op,
-                             "group": group, "seq": seq})
+        self.records.append(
+            {"kind": "collective", "t": NOW - int(ago * S), "edge": "enter", "op": op, "group": group, "seq": seq}
+        )
         if left_ago is not None:
-            self.records.append({"kind": "collective", "t": NOW - int(left_ago * S), "edge": "exit", "op": op,
-                                 "group": group, "seq": seq})
+            self.records.append(
+                {
+                    "kind": "collective",
+                    "t": NOW - int(left_ago * S),
+                    "edge": "exit",
+                    "op": op,
+                    "group": group,
+                    "seq": seq,
+                }
+            )
         return self
 
     def heartbeat(self, ago: float, progress: dict | None = None) -> Rank:
@@ -76,8 +106,10 @@ def findings(run: Path, *ranks: Rank):
 
 
 def test_straggler_named_with_the_peers_waiting_in_the_collective_it_never_entered(tmp_path: Path) -> None:
-    ranks = [Rank(tmp_path, w).phase("eagle.get_embed_and_head", 45).collective("barrier", 1, 200, left_ago=199)
-             for w in range(3)]
+    ranks = [
+        Rank(tmp_path, w).phase("eagle.get_embed_and_head", 45).collective("barrier", 1, 200, left_ago=199)
+        for w in range(3)
+    ]
     for peer in ranks[:2]:
         peer.collective("barrier", 2, 40)
     [f] = findings(tmp_path, *ranks)
@@ -151,9 +183,15 @@ def _launcher(run: Path, pid: int, proof: bool = True) -> None:
     from sglang_phasetrace.tracing import procs
 
     fingerprint = procs.fingerprint(pid) if proof else {}
-    (run / "journal" / f"{this_host()}-{pid}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
-        {"kind": "process", "t": NOW - 300 * S, "pid": pid, "host": this_host(), "resource": {}, **fingerprint},
-        {"kind": "identity", "t": NOW - 300 * S, "label": "launcher", "role": "launcher", "attrs": {}}]))
+    (run / "journal" / f"{this_host()}-{pid}.jsonl").write_text(
+        "".join(
+            json.dumps(r) + "\n"
+            for r in [
+                {"kind": "process", "t": NOW - 300 * S, "pid": pid, "host": this_host(), "resource": {}, **fingerprint},
+                {"kind": "identity", "t": NOW - 300 * S, "label": "launcher", "role": "launcher", "attrs": {}},
+            ]
+        )
+    )
 
 
 def test_the_watchdog_kills_nothing_unless_abort_after_is_asked(tmp_path: Path, monkeypatch) -> None:
@@ -202,27 +240,58 @@ class Timeline:
         rank = self.ranks[world]
         rank.n += 1
         span = f"{world}{rank.n:015d}"
-        self.at(world, begin, {"kind": "begin", "span": span, "parent": f"{world}000000000000001",
-                               "trace": "a" * 32, "name": name, "attrs": {"sglang.phase": name}})
+        self.at(
+            world,
+            begin,
+            {
+                "kind": "begin",
+                "span": span,
+                "parent": f"{world}000000000000001",
+                "trace": "a" * 32,
+                "name": name,
+                "attrs": {"sglang.phase": name},
+            },
+        )
         if end is not None:
             self.at(world, end, {"kind": "end", "span": span, "status": "ok", "attrs": {}})
         return span
 
-    def collective(self, world: int, op: str, seq: int, enter: float, leave: float | None = None,
-                   group: str | None = None) -> None:
+    def collective(
+        self, world: int, op: str, seq: int, enter: float, leave: float | None = None, group: str | None = None
+    ) -> None:
         group = group or f"tp:0[{self.ranks[world].members}]"
         self.at(world, enter, {"kind": "collective", "edge": "enter", "op": op, "group": group, "seq": seq})
         if leave is not None:
             self.at(world, leave, {"kind": "collective", "edge": "exit", "op": op, "group": group, "seq": seq})
 
-    def beats(self, world: int, start: float, stop: float, *, cpu_pct: float = 1.0, state: str = "S",
-              io_bps: float = 0.0, gpu_util: float | None = None, progress=None, span: str = "x") -> None:
+    def beats(
+        self,
+        world: int,
+        start: float,
+        stop: float,
+        *,
+        cpu_pct: float = 1.0,
+        state: str = "S",
+        io_bps: float = 0.0,
+        gpu_util: float | None = None,
+        progress=None,
+        span: str = "x",
+    ) -> None:
         """Heartbeats every 2 s with these figures; ``progress(t)`` gives a phase progress dict."""
         t, dt = start, DEFAULTS.heartbeat_s
         while t < stop:
-            beat = {"kind": "heartbeat", "seq": int(t * 10), "interval_s": dt, "dt_s": dt, "cpu_s": cpu_pct / 100 * dt,
-                    "main": {"state": state, "cpu_s": cpu_pct / 100 * dt}, "io_b": int(io_bps * dt), "majflt": 0,
-                    "child_cpu_s": 0.0, "phases": []}
+            beat = {
+                "kind": "heartbeat",
+                "seq": int(t * 10),
+                "interval_s": dt,
+                "dt_s": dt,
+                "cpu_s": cpu_pct / 100 * dt,
+                "main": {"state": state, "cpu_s": cpu_pct / 100 * dt},
+                "io_b": int(io_bps * dt),
+                "majflt": 0,
+                "child_cpu_s": 0.0,
+                "phases": [],
+            }
             if gpu_util is not None:
                 beat["gpu"] = {"util": gpu_util, "power_w": 300.0 if gpu_util else 90.0}
             if progress is not None:
@@ -232,8 +301,13 @@ class Timeline:
 
     def analyze(self, t: float, notices: bool = False) -> list:
         for rank in self.ranks:
-            rank.path.write_text("".join(json.dumps(r) + "\n" for r in sorted(rank.records, key=lambda r: r["t"])
-                                         if r["t"] <= T0 + int(t * S)))
+            rank.path.write_text(
+                "".join(
+                    json.dumps(r) + "\n"
+                    for r in sorted(rank.records, key=lambda r: r["t"])
+                    if r["t"] <= T0 + int(t * S)
+                )
+            )
         return analyze(RunView(self.run).refresh(final=True), T0 + int(t * S), DEFAULTS, notices=notices)
 
     def first(self, start: float, stop: float, notices: bool = False) -> tuple[float, list]:
@@ -316,8 +390,9 @@ def test_slow_rank_with_moving_counters_gets_an_estimate_never_a_stall(tmp_path:
     span = tl.phase(1, "model.weights_iterator", 11)
     shards = lambda t: {"done": int((t - 11) / 33), "total": 64, "unit": "shards", "tensors": int(t - 11)}  # noqa: E731
     for k in range(1, 12):  # the shard_loaded events the weights iterator journals
-        tl.at(1, 11 + 33 * k, {"kind": "event", "span": span, "name": "shard_loaded",
-                               "attrs": {"done": k, "total": 64}})
+        tl.at(
+            1, 11 + 33 * k, {"kind": "event", "span": span, "name": "shard_loaded", "attrs": {"done": k, "total": 64}}
+        )
     tl.beats(0, 1, 400)
     tl.beats(1, 1, 400, cpu_pct=2, state="D", progress=shards, span=span)  # a shard every 33 s, a tensor a second
     assert tl.first(12, 398)[1] == []  # never an alarm

@@ -14,15 +14,16 @@ import pickle
 import random
 import sys
 import textwrap
-import types
 import uuid
 import warnings
 from pathlib import Path
 
 import pytest
 from sglang_phasetrace.patches import PatchEngine, Phase
+from sglang_phasetrace.patches.engine import FALLBACK, MISSING, NO_MODULE, NOT_FUNCTION, USED
+from sglang_phasetrace.patches.spec import Report
 from sglang_phasetrace.patches.wrappers import MARK
-from sglang_phasetrace.tracing import runtime
+from sglang_phasetrace.tracing import keys, runtime
 from sglang_phasetrace.tracing.rundir import SpanRec, load_run
 
 LOGGER = "sglang_phasetrace"
@@ -42,25 +43,6 @@ def spans(run_dir: Path, name: str | None = None) -> list[SpanRec]:
     assert run.problems == []
     found = [s for p in run.processes for s in p.spans.values()]
     return [s for s in found if name is None or s.phase == name]
-
-
-@pytest.fixture
-def make_module():
-    """``make_module(source)``: a fresh ``_t_<hex>`` module, registered in ``sys.modules``."""
-    names: list[str] = []
-
-    def make(source: str = "", **namespace) -> types.ModuleType:
-        name = f"_t_{uuid.uuid4().hex}"
-        module = types.ModuleType(name)
-        module.__dict__.update(namespace)
-        sys.modules[name] = module
-        names.append(name)
-        exec(compile(textwrap.dedent(source), f"<{name}>", "exec"), module.__dict__)
-        return module
-
-    yield make
-    for name in names:
-        sys.modules.pop(name, None)
 
 
 @pytest.fixture
@@ -190,8 +172,9 @@ def test_unapply_with_predicate_only_undoes_matching_phases(run_dir, make_module
     mod = make_module(TARGET_SOURCE)
     original_load = mod.load
     keep, drop = phase_name(), phase_name()
-    engine, _ = engine_for(Phase(keep, (f"{mod.__name__}:Runner.step",)),
-                           Phase(drop, (f"{mod.__name__}:load",), init_only=True))
+    engine, _ = engine_for(
+        Phase(keep, (f"{mod.__name__}:Runner.step",)), Phase(drop, (f"{mod.__name__}:load",), init_only=True)
+    )
     engine.apply_module(mod.__name__)
 
     assert engine.unapply(lambda phase: phase.init_only) == 1
@@ -220,13 +203,16 @@ def test_late_apply_replaces_from_import_aliases_everywhere(run_dir, make_module
 
 def test_value_captured_in_default_argument_is_reported_and_still_works(run_dir, make_module):
     mod = make_module(TARGET_SOURCE)
-    user = make_module("""
+    user = make_module(
+        """
         def run(x, fn=LOAD):
             return fn(x)
 
         def run_kw(x, *, fn=LOAD):
             return fn(x)
-    """, LOAD=mod.load)
+    """,
+        LOAD=mod.load,
+    )
     fn = phase_name()
     engine, warnings = engine_for(Phase(fn, (f"{mod.__name__}:load",)))
 
@@ -235,8 +221,10 @@ def test_value_captured_in_default_argument_is_reported_and_still_works(run_dir,
     captured = [w for w in warnings if "default argument" in w]
     assert len(captured) == 2
     assert all(f"{mod.__name__}:load" in w for w in captured)
-    assert any(f"{user.__name__}.run " in w or w.endswith(f"{user.__name__}.run; calls through it are not traced")
-               for w in captured)
+    assert any(
+        f"{user.__name__}.run " in w or w.endswith(f"{user.__name__}.run; calls through it are not traced")
+        for w in captured
+    )
     assert any(f"{user.__name__}.run_kw" in w for w in captured)
     assert user.run(5) == 10 and user.run_kw(6) == 12  # not broken: the original still runs
     assert spans(run_dir, fn) == []  # ... untraced, as reported
@@ -260,8 +248,9 @@ def test_staticmethod_and_classmethod_keep_their_kind(run_dir, make_module):
     """)
     raw_post, raw_build = mod.Loader.__dict__["post"], mod.Loader.__dict__["build"]
     static, klass = phase_name(), phase_name()
-    engine, warnings = engine_for(Phase(static, (f"{mod.__name__}:Loader.post",)),
-                                  Phase(klass, (f"{mod.__name__}:Loader.build",)))
+    engine, warnings = engine_for(
+        Phase(static, (f"{mod.__name__}:Loader.post",)), Phase(klass, (f"{mod.__name__}:Loader.build",))
+    )
 
     engine.apply_module(mod.__name__)
 
@@ -432,8 +421,9 @@ def test_first_mode_falls_back_to_a_later_candidate_when_earlier_ones_cannot_res
     mod = make_module("def new_name():\n    return 1\n")
     missing_module = f"_t_{uuid.uuid4().hex}_absent"
     name = phase_name()
-    engine, warnings = engine_for(Phase(name, (f"{missing_module}:step", f"{mod.__name__}:old_name",
-                                               f"{mod.__name__}:new_name")))
+    engine, warnings = engine_for(
+        Phase(name, (f"{missing_module}:step", f"{mod.__name__}:old_name", f"{mod.__name__}:new_name"))
+    )
     engine.install()
 
     assert engine.resolved() == {name: [f"{mod.__name__}:new_name"]}
@@ -444,8 +434,9 @@ def test_first_mode_falls_back_to_a_later_candidate_when_earlier_ones_cannot_res
 def test_missing_target_is_reported_once(run_dir, make_module):
     mod = make_module(TARGET_SOURCE)
     name = phase_name()
-    engine, warnings = engine_for(Phase(name, (f"{mod.__name__}:Runner.step_renamed", f"{mod.__name__}:gone"),
-                                        required=True))
+    engine, warnings = engine_for(
+        Phase(name, (f"{mod.__name__}:Runner.step_renamed", f"{mod.__name__}:gone"), required=True)
+    )
 
     engine.install()
     engine.apply_module(mod.__name__)
@@ -574,7 +565,8 @@ def test_alias_sweep_does_not_trip_objects_that_warn_on_attribute_access(run_dir
     (``torch.distributed.reduce_op``). The sweep must not touch them: under ``-W error`` the warning
     would abort the patch, otherwise it lands on the traced program's stderr."""
     mod = make_module(TARGET_SOURCE)
-    make_module("""
+    make_module(
+        """
         import warnings
 
         class Deprecated:
@@ -583,7 +575,9 @@ def test_alias_sweep_does_not_trip_objects_that_warn_on_attribute_access(run_dir
                 return object.__getattribute__(self, key)
 
         reduce_op = Deprecated()
-    """, load=mod.load)
+    """,
+        load=mod.load,
+    )
     name = phase_name()
     engine, warnings_ = engine_for(Phase(name, (f"{mod.__name__}:load",)))
     with warnings.catch_warnings():
@@ -638,7 +632,9 @@ def test_model_classes_found_at_run_time_are_patched_once_along_their_hierarchy(
     assert mod.Draft().get_embed_and_head() == ("embed", "head")
     assert mod.Other().get_embed_and_head() == ("e", "h")
     assert [s.attrs["phasetrace.target"] for s in spans(run_dir, name)] == [
-        f"{mod.__name__}:Target.get_embed_and_head", f"{mod.__name__}:Other.get_embed_and_head"]
+        f"{mod.__name__}:Target.get_embed_and_head",
+        f"{mod.__name__}:Other.get_embed_and_head",
+    ]
     assert warnings == []
 
 
@@ -647,9 +643,13 @@ def test_runs_after_ready_are_labelled_or_skipped_and_init_only_patches_come_off
     """A re-capture after ready gets a labelled span; ``after_ready="skip"`` phases go quiet; the
     init-only (hot-path) patches are removed at ready, as bootstrap does."""
     mod = make_module("def recapture(): return 1\ndef probe(): return 2\ndef hot(): return 3\n")
-    engine = PatchEngine([Phase("t.recapture", (f"{mod.__name__}:recapture",)),
-                          Phase("t.probe", (f"{mod.__name__}:probe",), after_ready="skip"),
-                          Phase("t.hot", (f"{mod.__name__}:hot",), init_only=True)])
+    engine = PatchEngine(
+        [
+            Phase("t.recapture", (f"{mod.__name__}:recapture",)),
+            Phase("t.probe", (f"{mod.__name__}:probe",), after_ready="skip"),
+            Phase("t.hot", (f"{mod.__name__}:hot",), init_only=True),
+        ]
+    )
     engine.apply_module(mod.__name__)
     original_hot = mod.hot.__wrapped__
     assert (mod.recapture(), mod.probe(), mod.hot()) == (1, 2, 3)
@@ -677,3 +677,116 @@ def test_collective_wrapper_stays_out_of_torch_compile_graphs(run_dir, make_modu
     assert mod.all_reduce(torch.ones(1)).tolist() == [2.0]  # eager calls are still recorded
     [proc] = load_run(run_dir).processes
     assert proc.coll_counts == {"?": 1}
+
+
+# -- the spec: what each kind may set, checked at import ----------------------------------------------
+def _hook(*args):
+    return None
+
+
+@pytest.mark.parametrize(
+    ("kind", "flags", "ignored"),
+    [
+        ("rank", {"after_ready": "skip"}, "after_ready"),
+        ("collective", {"exit": _hook}, "exit"),
+        ("collective", {"after_ready": "skip"}, "after_ready"),
+        ("call", {"each": _hook}, "each"),
+        ("call", {"ends_root": True}, "ends_root"),
+        ("ready", {"ends_root": True, "each": _hook}, "each, ends_root"),
+    ],
+)
+def test_a_flag_the_kind_ignores_is_refused_naming_the_phase(kind, flags, ignored):
+    with pytest.raises(ValueError, match=rf"phase 't\.bad': a '{kind}' phase ignores {ignored}"):
+        Phase("t.bad", ("m:f",), kind=kind, **flags)
+
+
+@pytest.mark.parametrize("flags", [{"kind": "span"}, {"mode": "any"}, {"after_ready": "drop"}, {"targets": ("m.f",)}])
+def test_a_malformed_phase_is_refused_naming_it(flags):
+    with pytest.raises(ValueError, match=r"phase 't\.bad': "):
+        Phase(**{"name": "t.bad", "targets": ("m:f",), **flags})
+
+
+# -- hooks report what they mean ---------------------------------------------------------------------
+def test_generator_hooks_report_progress_and_events(run_dir, make_module):
+    mod = make_module(GEN_SOURCE)
+    name = phase_name()
+
+    def each(call, item):
+        done = item[1] + 1
+        return Report(progress={"done": done, "total": 3}, event=("item", {"done": done}) if done == 3 else None)
+
+    engine, _ = engine_for(
+        Phase(
+            name,
+            (f"{mod.__name__}:weights",),
+            kind="generator",
+            enter=lambda call: Report(attrs={"t.n": call.arg("n")}, progress={"done": 0}),
+            each=each,
+            exit=lambda call, result: {"t.done": True},
+        )
+    )
+    engine.apply_module(mod.__name__)
+    gen = mod.weights(3)
+    next(gen)
+    [(_, progress)] = [(s, p) for s, p in runtime.current().open.snapshot() if s.name == name]
+    assert progress == {"done": 1, "total": 3}  # heartbeats read it from here
+    list(gen)
+    (span,) = spans(run_dir, name)
+    assert span.attrs["t.n"] == 3 and span.attrs["t.done"] is True
+    assert [(e["name"], e["attrs"]) for e in span.events] == [("item", {"done": 3})]
+
+
+@pytest.mark.parametrize("ready", [True, False])
+def test_a_ready_phase_ends_the_launch_root_as_it_reports(run_dir, make_module, monkeypatch, ready):
+    """launch_server's root outlives its call (the server runs on); the ready phase ends it, well
+    when it reports ready (then the process is ready), as an error when it does not."""
+    monkeypatch.setenv(keys.ENV_WATCHDOG, "0")
+    monkeypatch.setenv(keys.ENV_TRACEPARENT, "")  # the launch root exports its own: restored after
+    mod = make_module("def launch():\n    return 'serving'\ndef wait():\n    return 'up'\n")
+    engine, _ = engine_for(
+        Phase(keys.PHASE_LAUNCH_SERVER, (f"{mod.__name__}:launch",), kind="launch"),
+        Phase(
+            keys.PHASE_WAIT_READY,
+            (f"{mod.__name__}:wait",),
+            kind="ready",
+            exit=lambda call, result: Report(attrs={"sglang.server_ready": ready}, ready=ready),
+        ),
+    )
+    engine.apply_module(mod.__name__)
+    rt = runtime.current()
+    assert mod.launch() == "serving"
+    (root,) = spans(run_dir, keys.PHASE_LAUNCH_SERVER)
+    assert root.name == "sglang.launch" and root.status == "open" and not rt.ready
+    assert mod.wait() == "up"
+    (root,) = spans(run_dir, keys.PHASE_LAUNCH_SERVER)
+    assert rt.ready is ready and root.status == ("ok" if ready else "error")
+    assert [s.attrs["sglang.server_ready"] for s in spans(run_dir, keys.PHASE_WAIT_READY)] == [ready]
+
+
+# -- the dry run (phasetrace doctor asks the engine) ----------------------------------------------------
+def test_dry_run_says_what_the_engine_would_wrap_and_patches_nothing(make_module):
+    mod = make_module("""
+        class Base:
+            def load(self): pass
+            @property
+            def size(self): return 1
+        class Child(Base):
+            def later(self): pass
+    """)
+    m = mod.__name__
+    phase = Phase(
+        "t.plan", ("no_such_module_x:f", f"{m}:Child.gone", f"{m}:Child.size", f"{m}:Child.load", f"{m}:Child.later")
+    )
+    engine = PatchEngine([phase])
+    (plan,) = engine.dry_run()
+    assert [(c.state, c.defined) for c in plan.candidates] == [
+        (NO_MODULE, None),
+        (MISSING, None),
+        (NOT_FUNCTION, None),
+        (USED, f"{m}:Base.load"),
+        (FALLBACK, f"{m}:Child.later"),
+    ]
+    assert plan.wrapped == [f"{m}:Child.load"] and plan.cell == "D" and plan.status == "ok"
+    assert "load" not in vars(mod.Child) and not hasattr(mod.Base.load, MARK) and engine.applied == {}
+    (every,) = PatchEngine([Phase("t.all", phase.targets, mode="all")]).dry_run()
+    assert every.cell == "D+E" and [c.state for c in every.candidates][3:] == [USED, USED]

@@ -31,15 +31,27 @@ class Ranks:
     def __init__(self, model: Path, base: Path, traced: bool, ignore: tuple[int, ...] = ()) -> None:
         self.base = base
         env = hook_env(base, {"SGLANG_PHASETRACE_RUN_DIR": str(base / "run")}, hooks=traced)
-        args = [sys.executable, str(PROGRAM), str(model), "--world", "2", "--plant", "sleep", "--rank", "1",
-                "--port", str(free_port())]
+        args = [
+            sys.executable,
+            str(PROGRAM),
+            str(model),
+            "--world",
+            "2",
+            "--plant",
+            "sleep",
+            "--rank",
+            "1",
+            "--port",
+            str(free_port()),
+        ]
 
         def setup() -> None:
             for sig in ignore:  # as a shell does for background jobs
                 signal.signal(sig, signal.SIG_IGN)
 
-        self.proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     start_new_session=True, preexec_fn=setup)
+        self.proc = subprocess.Popen(
+            args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=setup
+        )
 
     def __enter__(self) -> Ranks:
         return self
@@ -63,8 +75,12 @@ class Ranks:
 def _in_gloo(proc: psutil.Process) -> bool:
     """Blocked in C for a while: sleeping, with a gloo thread or a TCP connection to its peer."""
     try:
-        return proc.status() == psutil.STATUS_SLEEPING and proc.cpu_times().user > 1.0 and bool(
-            proc.net_connections(kind="tcp")) and _idle(proc)
+        return (
+            proc.status() == psutil.STATUS_SLEEPING
+            and proc.cpu_times().user > 1.0
+            and bool(proc.net_connections(kind="tcp"))
+            and _idle(proc)
+        )
     except psutil.Error:
         return False
 
@@ -126,9 +142,22 @@ def test_watchdog_never_signals_a_process_that_is_not_ours(tmp_path) -> None:
         run_dir = silent_rank_run(tmp_path, stranger.pid, start_ticks=None)  # an old journal: no start time
         out = tmp_path / "watch.err"
         with open(out, "w") as err:
-            done = subprocess.run([sys.executable, "-m", "sglang_phasetrace.tracing.cli", "watch", str(run_dir),
-                                   "--exit-on-stall", "--timeout", "20", "--no-py-spy"], stderr=err,
-                                  env={**os.environ, "SGLANG_PHASETRACE_STACK_SIGNAL": "SIGKILL"}, timeout=60)
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "sglang_phasetrace.tracing.cli",
+                    "watch",
+                    str(run_dir),
+                    "--exit-on-stall",
+                    "--timeout",
+                    "20",
+                    "--no-py-spy",
+                ],
+                stderr=err,
+                env={**os.environ, "SGLANG_PHASETRACE_STACK_SIGNAL": "SIGKILL"},
+                timeout=60,
+            )
         text = out.read_text()
         assert done.returncode == 3, text
         assert stranger.poll() is None, "the stranger was signalled"
@@ -145,9 +174,22 @@ def test_a_recycled_pid_is_gone_not_signalled(tmp_path) -> None:
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         run_dir = silent_rank_run(tmp_path, stranger.pid, start_ticks=(procs.start_ticks(stranger.pid) or 0) + 1)
-        done = subprocess.run([sys.executable, "-m", "sglang_phasetrace.tracing.cli", "watch", str(run_dir),
-                               "--exit-on-stall", "--timeout", "20", "--no-py-spy"], capture_output=True, text=True,
-                              timeout=60)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sglang_phasetrace.tracing.cli",
+                "watch",
+                str(run_dir),
+                "--exit-on-stall",
+                "--timeout",
+                "20",
+                "--no-py-spy",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert "DIED rank tp1" in done.stderr and "is gone" in done.stderr, done.stderr
         assert stranger.poll() is None, "the stranger was signalled"
     finally:
@@ -167,15 +209,52 @@ def silent_rank_run(tmp_path: Path, pid: int, start_ticks: int | None) -> Path:
     host = procs.this_host()
     attrs = {"sglang.tp_rank": 1, "sglang.role": "rank", "sglang.rank": "tp1"}
     records = [
-        {"v": 1, "kind": "process", "t": t0, "pid": pid, "ppid": 1, "host": host, "run_id": "run", "boot_t": t0,
-         "resource": {}, **({"start_ticks": start_ticks, "boot_id": procs.boot_id()} if start_ticks else {})},
+        {
+            "v": 1,
+            "kind": "process",
+            "t": t0,
+            "pid": pid,
+            "ppid": 1,
+            "host": host,
+            "run_id": "run",
+            "boot_t": t0,
+            "resource": {},
+            **({"start_ticks": start_ticks, "boot_id": procs.boot_id()} if start_ticks else {}),
+        },
         {"kind": "identity", "t": t0, "label": "tp1", "role": "rank", "attrs": attrs},
-        {"kind": "begin", "t": t0, "span": "a" * 16, "parent": None, "trace": "b" * 32, "name": "rank tp1",
-         "attrs": {"sglang.phase": "rank"}, "thread": "MainThread"},
-        {"kind": "begin", "t": t0 + 10**9, "span": "c" * 16, "parent": "a" * 16, "trace": "b" * 32,
-         "name": "model.loader", "attrs": {"sglang.phase": "model.loader"}, "thread": "MainThread"},
-        {"kind": "heartbeat", "t": now - 60 * 10**9, "seq": 1, "pid": pid, "label": "tp1", "ready": False,
-         "interval_s": 5.0, "phases": [], "cpu_s": 0.0, "rss": 1, "threads": 1},
+        {
+            "kind": "begin",
+            "t": t0,
+            "span": "a" * 16,
+            "parent": None,
+            "trace": "b" * 32,
+            "name": "rank tp1",
+            "attrs": {"sglang.phase": "rank"},
+            "thread": "MainThread",
+        },
+        {
+            "kind": "begin",
+            "t": t0 + 10**9,
+            "span": "c" * 16,
+            "parent": "a" * 16,
+            "trace": "b" * 32,
+            "name": "model.loader",
+            "attrs": {"sglang.phase": "model.loader"},
+            "thread": "MainThread",
+        },
+        {
+            "kind": "heartbeat",
+            "t": now - 60 * 10**9,
+            "seq": 1,
+            "pid": pid,
+            "label": "tp1",
+            "ready": False,
+            "interval_s": 5.0,
+            "phases": [],
+            "cpu_s": 0.0,
+            "rss": 1,
+            "threads": 1,
+        },
     ]
     (run_dir / "journal" / f"{host}-{pid}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return run_dir
@@ -185,11 +264,22 @@ def test_rank_sigkilled_in_weight_loading_is_named_by_the_launcher_before_teardo
     """Engine tp=2; tp1 is SIGKILLed inside the model loader (as by the OOM killer). tp0 then fails
     at SGLang's post-load barrier, SIGQUITs the launcher, and SGLang kills the tree: the launcher's
     last words name tp1, how it ended and where, tp0 as a consequence, and the root cause."""
-    env = hook_env(tmp_path, {"PYTHONPATH": os.pathsep.join([str(HOOKS), str(PLANTS)]), "PLANT_KILL_TP_RANK": "1",
-                              "SGLANG_PHASETRACE_RUN_DIR": str(tmp_path / "run")})
-    proc = subprocess.Popen([sys.executable, str(SCRIPTS / "start_engine.py"), str(tiny_model[0]), "--tp", "2"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    env = hook_env(
+        tmp_path,
+        {
+            "PYTHONPATH": os.pathsep.join([str(HOOKS), str(PLANTS)]),
+            "PLANT_KILL_TP_RANK": "1",
+            "SGLANG_PHASETRACE_RUN_DIR": str(tmp_path / "run"),
+        },
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "start_engine.py"), str(tiny_model[0]), "--tp", "2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _, err = proc.communicate(timeout=240)
     finally:
@@ -214,19 +304,33 @@ def test_rank_hung_before_its_first_phase_is_named_by_the_launcher(tiny_model, t
     knows tp1's pid from spawning it, tp1 is visible (journal, heartbeats, identity) from its first
     ``import sglang``, and one line names it while tp0 waits for it."""
     run_dir = tmp_path / "run"
-    env = hook_env(tmp_path, {"PYTHONPATH": os.pathsep.join([str(HOOKS), str(PLANTS)]),
-                              "PLANT_HANG_EARLY_TP_RANK": "1", "SGLANG_PHASETRACE_RUN_DIR": str(run_dir)})
+    env = hook_env(
+        tmp_path,
+        {
+            "PYTHONPATH": os.pathsep.join([str(HOOKS), str(PLANTS)]),
+            "PLANT_HANG_EARLY_TP_RANK": "1",
+            "SGLANG_PHASETRACE_RUN_DIR": str(run_dir),
+        },
+    )
     err_path = tmp_path / "stderr.txt"
     with open(err_path, "w") as err:
-        proc = subprocess.Popen([sys.executable, str(SCRIPTS / "start_engine.py"), str(tiny_model[0]), "--tp", "2"],
-                                env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(SCRIPTS / "start_engine.py"), str(tiny_model[0]), "--tp", "2"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 180
         named: list[str] = []
         while time.monotonic() < deadline and not named and proc.poll() is None:
             time.sleep(1)
-            named = [line for line in err_path.read_text().splitlines()
-                     if line.startswith("sglang-phasetrace:") and "rank tp1" in line]
+            named = [
+                line
+                for line in err_path.read_text().splitlines()
+                if line.startswith("sglang-phasetrace:") and "rank tp1" in line
+            ]
     finally:
         kill_group(proc.pid)
         proc.wait(30)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, free_port, requires_sglang, run_program
-from sglang_phasetrace.tracing import files, heartbeat, journal, runtime, spans
+from sglang_phasetrace.tracing import files, heartbeat, journal, process_state, runtime, spans
 from sglang_phasetrace.tracing.journal import JournalWriter, read_journal
 from sglang_phasetrace.tracing.rundir import load_run
 
@@ -29,9 +29,9 @@ PHASES = 30
 @pytest.fixture(autouse=True)
 def said_afresh() -> Iterator[None]:
     """Each test is a fresh process as far as "said once" goes."""
-    files._said.clear()
+    process_state.STATE.said.clear()
     yield
-    files._said.clear()
+    process_state.STATE.said.clear()
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -103,7 +103,7 @@ def test_everything_a_traced_process_writes_is_private_whatever_the_umask(trace_
     try:
         root = spans.start_phase("rank tp0", {"sglang.phase": "rank"}, root=True)
         run_phases(3)
-        beat = heartbeat._current
+        beat = heartbeat.current()
         wait_for(beat.status_path)
         beat.beat()
         root.end()
@@ -146,7 +146,7 @@ def test_links_planted_at_the_status_file_and_its_old_temp_are_not_followed(
         victim.write_text("precious\n")
         _plant(link, victim)
     phase = spans.start_phase("phase", {"sglang.phase": "phase"})
-    beat = heartbeat._current
+    beat = heartbeat.current()
     beat.beat()
     phase.end()
     assert all(v.read_text() == "precious\n" for v in victims.values())
@@ -260,7 +260,7 @@ def test_a_disk_full_mid_run_keeps_records_whole_and_loses_no_end(
         monkeypatch.setenv("SGLANG_PHASETRACE_RUN_DIR", str(run_dir))
         root = spans.start_phase("rank tp0", {"sglang.phase": "rank"}, root=True)
         assert root is not None
-        beat = heartbeat._current
+        beat = heartbeat.current()
         wait_for(beat.status_path)  # its first beat done: no file of its own open while we count
         filler = fill(mnt)
         before = open_fds()

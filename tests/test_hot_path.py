@@ -15,15 +15,12 @@ import subprocess
 import sys
 import threading
 import time
-import types
-import uuid
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, hook_env, kill_group, requires_sglang, run_dirs
 from sglang_phasetrace.patches import PatchEngine, Phase
-from sglang_phasetrace.patches.wrappers import restore_copies
-from sglang_phasetrace.tracing import collectives, heartbeat, runtime
+from sglang_phasetrace.tracing import heartbeat, runtime
 from sglang_phasetrace.tracing.rundir import load_run
 
 PROGRAM = ROOT / "tests" / "programs" / "serve_engine.py"
@@ -31,30 +28,15 @@ HEARTBEAT_S = 0.5
 
 
 # -- in-process: the counting, and the copies taken off at ready -----------------------------------
-@pytest.fixture
-def make_module():
-    """``make_module(source)``: a fresh module from source, registered in ``sys.modules``."""
-    names: list[str] = []
-
-    def make(source: str) -> types.ModuleType:
-        module = types.ModuleType(f"_t_{uuid.uuid4().hex}")
-        sys.modules[module.__name__] = module
-        names.append(module.__name__)
-        exec(compile(source, f"<{module.__name__}>", "exec"), module.__dict__)
-        return module
-
-    yield make
-    for name in names:
-        sys.modules.pop(name, None)
-
-
-def test_wrapper_calls_after_ready_are_counted_with_their_cost(trace_run_dir: Path, make_module,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(collectives, "STATE", collectives.Collectives())  # per-process counts: not for later tests
+def test_wrapper_calls_after_ready_are_counted_with_their_cost(trace_run_dir: Path, make_module) -> None:
     mod = make_module("def recapture(): return 1\ndef probe(): return 2\ndef all_reduce(): return 3\n")
-    PatchEngine([Phase("t.recapture", (f"{mod.__name__}:recapture",)),
-                 Phase("t.probe", (f"{mod.__name__}:probe",), after_ready="skip"),
-                 Phase("t.collective", (f"{mod.__name__}:all_reduce",), kind="collective")]).apply_module(mod.__name__)
+    PatchEngine(
+        [
+            Phase("t.recapture", (f"{mod.__name__}:recapture",)),
+            Phase("t.probe", (f"{mod.__name__}:probe",), after_ready="skip"),
+            Phase("t.collective", (f"{mod.__name__}:all_reduce",), kind="collective"),
+        ]
+    ).apply_module(mod.__name__)
     assert (mod.recapture(), mod.probe(), mod.all_reduce()) == (1, 2, 3)  # during init: not counted
     rt = runtime.current()
     assert rt.runtime_calls == {}
@@ -65,23 +47,30 @@ def test_wrapper_calls_after_ready_are_counted_with_their_cost(trace_run_dir: Pa
     assert {name: c["calls"] for name, c in summary.items()} == {"t.recapture": 3, "t.probe": 3, "t.collective": 3}
     assert all(c["cost_us"] > 0 for c in summary.values())
     assert summary["t.recapture"]["cost_us"] > summary["t.probe"]["cost_us"]  # a span costs more than a check
-    heartbeat._current.beat()
-    assert json.loads(heartbeat._current.status_path.read_text())["runtime_calls"] == rt.runtime_calls_summary()
+    heartbeat.current().beat()
+    assert json.loads(heartbeat.current().status_path.read_text())["runtime_calls"] == rt.runtime_calls_summary()
 
 
-def test_copies_made_after_patching_are_restored(trace_run_dir: Path, make_module) -> None:
+@pytest.mark.parametrize("wait", [True, False])
+def test_copies_made_after_patching_are_restored(trace_run_dir: Path, make_module, wait: bool) -> None:
     """``import *`` after the post-import hook copies the wrapper (as ``torch.distributed`` does
-    with the c10d collectives); the engine's undo does not know that copy, restore_copies does."""
+    with the c10d collectives); the engine's undo finds that copy too (on a thread: bootstrap at ready)."""
     mod = make_module("def all_reduce(): return 3\ndef load(): return 4\n")
     original = mod.all_reduce
-    engine = PatchEngine([Phase("t.hot", (f"{mod.__name__}:all_reduce",), kind="collective", init_only=True),
-                          Phase("t.load", (f"{mod.__name__}:load",))])
+    engine = PatchEngine(
+        [
+            Phase("t.hot", (f"{mod.__name__}:all_reduce",), kind="collective", init_only=True),
+            Phase("t.load", (f"{mod.__name__}:load",)),
+        ]
+    )
     engine.apply_module(mod.__name__)
     reexport = make_module(f"from {mod.__name__} import *\n")
     assert reexport.all_reduce is not original
-    engine.unapply(lambda phase: phase.init_only)
-    assert mod.all_reduce is original and reexport.all_reduce is not original
-    assert restore_copies(lambda phase: phase.init_only) == 1
+    assert engine.unapply(lambda phase: phase.init_only, wait=wait) == 1
+    assert mod.all_reduce is original
+    deadline = time.monotonic() + 10
+    while reexport.all_reduce is not original and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert reexport.all_reduce is original
     assert reexport.load is mod.load and reexport.load is not mod.load.__wrapped__  # labelled phases stay
 
@@ -124,7 +113,8 @@ class Served:
                     record = json.loads(path.read_text())
                 except (OSError, json.JSONDecodeError):
                     continue
-                records[record["label"]] = record
+                if record["label"] == "launcher" or record["label"].startswith("tp"):  # not the detokenizer's
+                    records[record["label"]] = record
             if {"launcher", "tp0", "tp1"} <= set(records) and all(r["t"] > after_ns for r in records.values()):
                 return records
             assert time.monotonic() < deadline, f"no fresh heartbeats: {[(k, r['t']) for k, r in records.items()]}"
@@ -135,10 +125,16 @@ class Served:
 def served(tiny_model: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory):
     base = tmp_path_factory.mktemp("hot-path")
     with open(base / "engine.err", "w") as err:
-        proc = subprocess.Popen([sys.executable, str(PROGRAM), str(tiny_model[0]), "--tp", "2"],
-                                env=hook_env(base, {"SGLANG_PHASETRACE_HEARTBEAT_S": str(HEARTBEAT_S)}), cwd=base,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(PROGRAM), str(tiny_model[0]), "--tp", "2"],
+            env=hook_env(base, {"SGLANG_PHASETRACE_HEARTBEAT_S": str(HEARTBEAT_S)}),
+            cwd=base,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            start_new_session=True,
+        )
     try:
         server = Served(proc, base)
         assert server.answer(timeout=300).get("ready")

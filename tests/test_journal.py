@@ -180,10 +180,14 @@ def test_exit_records_land_on_the_process_they_name(tmp_path):
 
     run = tmp_path / "run"
     launcher = run / "journal" / "h-1.jsonl"
-    write_lines(launcher, journal_lines([records.process(1, 1, 0, "h", "run", 0, {}),
-                                         records.identity(1, "launcher", "launcher", {})]))
-    write_lines(run / "journal" / "h-43.jsonl",
-                journal_lines([records.process(3, 43, 1, "h", "run", 0, {}), records.identity(3, "tp1", "rank", {})]))
+    write_lines(
+        launcher,
+        journal_lines([records.process(1, 1, 0, "h", "run", 0, {}), records.identity(1, "launcher", "launcher", {})]),
+    )
+    write_lines(
+        run / "journal" / "h-43.jsonl",
+        journal_lines([records.process(3, 43, 1, "h", "run", 0, {}), records.identity(3, "tp1", "rank", {})]),
+    )
     write_lines(run / "journal" / "h-44.jsonl", journal_lines([records.process(3, 44, 1, "h", "run", 0, {})]))
     view = RunView(run).refresh()
     assert [p.pid for p in view.processes] == [1, 43]

@@ -19,21 +19,49 @@ from sglang_phasetrace.tracing.spans import clean_attrs
 SECRET = "s3cr3t-VALUE-42"
 
 
-@pytest.mark.parametrize("key", [
-    "api_key", "admin_api_key", "hf_token", "ssl_keyfile_password", "HF_TOKEN", "apiKey",
-    "authorization", "aws_secret_access_key", "db_password", "client_secret", "sglang.api_key",
-    "private_key", "session_cookie", "x-auth-token",
-])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "api_key",
+        "admin_api_key",
+        "hf_token",
+        "ssl_keyfile_password",
+        "HF_TOKEN",
+        "apiKey",
+        "authorization",
+        "aws_secret_access_key",
+        "db_password",
+        "client_secret",
+        "sglang.api_key",
+        "private_key",
+        "session_cookie",
+        "x-auth-token",
+    ],
+)
 def test_secret_keys(key):
     assert is_secret_key(key)
     assert redact(SECRET, key) == REDACTED
 
 
-@pytest.mark.parametrize("key", [
-    "req_to_token_pool_size", "max_total_tokens", "tokenizer_path", "skip_tokenizer_init",
-    "max_prefill_tokens", "token_to_kv_pool", "tokenizer_mode", "ssl_keyfile", "kv_cache_dtype",
-    "sglang.max_total_num_tokens", "sglang.req_to_token_pool_size", "num_tokens", "key", "hash_key",
-])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "req_to_token_pool_size",
+        "max_total_tokens",
+        "tokenizer_path",
+        "skip_tokenizer_init",
+        "max_prefill_tokens",
+        "token_to_kv_pool",
+        "tokenizer_mode",
+        "ssl_keyfile",
+        "kv_cache_dtype",
+        "sglang.max_total_num_tokens",
+        "sglang.req_to_token_pool_size",
+        "num_tokens",
+        "key",
+        "hash_key",
+    ],
+)
 def test_ordinary_keys_are_kept(key):
     assert not is_secret_key(key)
     assert redact(4096, key) == 4096
@@ -45,14 +73,17 @@ def test_empty_secret_values_are_left_as_they_are():
     assert redact("", "api_key") == ""
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("https://user:pa55@hub.example.com/org/model", f"https://{REDACTED}@hub.example.com/org/model"),
-    ("postgres://admin:hunter2@db:5432/x", f"postgres://{REDACTED}@db:5432/x"),
-    ("https://ghp_abcdef@github.com/org/repo.git", f"https://{REDACTED}@github.com/org/repo.git"),
-    ("http://127.0.0.1:30000/generate", "http://127.0.0.1:30000/generate"),
-    ("tcp://127.0.0.1:25753", "tcp://127.0.0.1:25753"),
-    ("/models/tiny-llama", "/models/tiny-llama"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("https://user:pa55@hub.example.com/org/model", f"https://{REDACTED}@hub.example.com/org/model"),
+        ("postgres://admin:hunter2@db:5432/x", f"postgres://{REDACTED}@db:5432/x"),
+        ("https://ghp_abcdef@github.com/org/repo.git", f"https://{REDACTED}@github.com/org/repo.git"),
+        ("http://127.0.0.1:30000/generate", "http://127.0.0.1:30000/generate"),
+        ("tcp://127.0.0.1:25753", "tcp://127.0.0.1:25753"),
+        ("/models/tiny-llama", "/models/tiny-llama"),
+    ],
+)
 def test_url_credentials(text, expected):
     assert redact_text(text) == expected
     assert redact(text, "sglang.model_path") == expected
@@ -104,6 +135,7 @@ try:  # SGLang's own dependency; 0.5.x uses msgspec structs for some of its argu
 except ImportError:  # pragma: no cover
     msgspec = None
 else:
+
     class StructArgs(msgspec.Struct):
         model_path: str = "/models/tiny"
         max_total_tokens: int = 4096
@@ -141,10 +173,15 @@ def test_server_args_attrs_and_span_attributes_are_redacted():
     attrs = clean_attrs(server_args_attrs(DataclassArgs()))
     assert SECRET not in json.dumps(attrs)
     assert attrs["sglang.model_path"] == "/models/tiny" and attrs["sglang.tp_size"] == 2
-    direct = clean_attrs({"sglang.api_key": SECRET, "sglang.url": f"http://a:{SECRET}@h",
-                          "sglang.max_total_tokens": 4096, "sglang.none": None})
-    assert direct == {"sglang.api_key": REDACTED, "sglang.url": f"http://{REDACTED}@h",
-                      "sglang.max_total_tokens": 4096}
+    direct = clean_attrs(
+        {
+            "sglang.api_key": SECRET,
+            "sglang.url": f"http://a:{SECRET}@h",
+            "sglang.max_total_tokens": 4096,
+            "sglang.none": None,
+        }
+    )
+    assert direct == {"sglang.api_key": REDACTED, "sglang.url": f"http://{REDACTED}@h", "sglang.max_total_tokens": 4096}
 
 
 def test_warning_records_are_redacted(trace_run_dir):

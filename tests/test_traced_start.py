@@ -36,8 +36,8 @@ from conftest import (
     run_dirs,
     run_program,
 )
+from coverage_resolver import Sources, table_phases, wrapped
 from otlp_receiver import OtlpReceiver
-from sglang_phasetrace.patches.coverage import Sources, table_phases, wrapped
 from sglang_phasetrace.tracing.rundir import ProcessRec, RunView, SpanRec, load_run
 
 pytestmark = [requires_sglang, pytest.mark.sglang]
@@ -154,8 +154,12 @@ def check_rank_phases(proc: ProcessRec, tp: int) -> None:
     assert iterator.status == "ok" and is_under(iterator, weights, by_id)
     assert iterator.attrs["sglang.shards"] == 1 and iterator.attrs["sglang.tensors"] > 0
     (loaded,) = [e for e in iterator.events if e["name"] == "shard_loaded"]
-    assert loaded["attrs"] == {"shard": "model.safetensors", "done": 1, "total": 1,
-                               "tensors": iterator.attrs["sglang.tensors"]}
+    assert loaded["attrs"] == {
+        "shard": "model.safetensors",
+        "done": 1,
+        "total": 1,
+        "tensors": iterator.attrs["sglang.tensors"],
+    }
 
     kv = one(proc, "kv_cache.alloc")
     assert kv.status == "ok" and kv.attrs["sglang.max_total_num_tokens"] == 4096
@@ -249,8 +253,11 @@ def test_engine_tp2_traces_the_phases_of_the_newest_release_that_this_one_has(li
 # -- OTLP export ---------------------------------------------------------------------------------
 def test_engine_tp2_delivers_the_trace_over_otlp_grpc(tiny_model, tmp_path):
     with OtlpReceiver("grpc") as receiver:
-        ran = run_program([START_ENGINE, str(tiny_model[0]), "--tp", "2", "--no-generate"], tmp_path, env={
-            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+        ran = run_program(
+            [START_ENGINE, str(tiny_model[0]), "--tp", "2", "--no-generate"],
+            tmp_path,
+            env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+        )
         assert ran.returncode == 0, ran.stderr[-4000:]
         run = load_run(ran.run_dir)
         assert run.problems == []
@@ -264,8 +271,11 @@ def test_engine_tp2_delivers_the_trace_over_otlp_grpc(tiny_model, tmp_path):
 
 def post_generate(port: int, api_key: str) -> dict | None:
     body = json.dumps({"text": "Hello", "sampling_params": {"max_new_tokens": 2, "temperature": 0}}).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=body, headers={
-        "Content-Type": "application/json", "Authorization": f"Bearer {api_key}"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/generate",
+        data=body,
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read()) if response.status == 200 else None
@@ -281,12 +291,33 @@ def test_launch_server_delivers_the_trace_over_otlp_http(tiny_model, tmp_path):
     port = free_port()
     out, err = tmp_path / "server.out", tmp_path / "server.err"
     with OtlpReceiver("http/protobuf") as receiver, open(out, "w") as stdout, open(err, "w") as stderr:
-        env = hook_env(tmp_path, {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-                                  "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
+        env = hook_env(
+            tmp_path, {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+        )
         server = subprocess.Popen(
-            [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tiny_model[0]), "--device", "cpu",
-             "--tp-size", "2", "--max-total-tokens", "4096", "--port", str(port), "--api-key", api_key],
-            env=env, cwd=tmp_path, stdout=stdout, stderr=stderr, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "sglang.launch_server",
+                "--model-path",
+                str(tiny_model[0]),
+                "--device",
+                "cpu",
+                "--tp-size",
+                "2",
+                "--max-total-tokens",
+                "4096",
+                "--port",
+                str(port),
+                "--api-key",
+                api_key,
+            ],
+            env=env,
+            cwd=tmp_path,
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
+        )
         try:
             answer, deadline = None, time.monotonic() + 240
             while answer is None and server.poll() is None and time.monotonic() < deadline:
@@ -337,11 +368,16 @@ def test_eagle_on_cpu_fails_in_draft_attention_and_the_journal_says_where(tiny_m
 
     ranks = ranks_of(run, 2)
     for proc in ranks:
-        for phase in ("eagle.draft_worker_init", "eagle.get_embed_and_head", "eagle.set_embed_and_head",
-                      "eagle.init_lm_head"):
+        for phase in (
+            "eagle.draft_worker_init",
+            "eagle.get_embed_and_head",
+            "eagle.set_embed_and_head",
+            "eagle.init_lm_head",
+        ):
             assert phases(proc, phase), f"{proc.label}: no {phase} begin"
-        loads = {s.attrs["sglang.is_draft"]: s.attrs.get("sglang.model_class")
-                 for s in phases(proc, "model.load_weights")}
+        loads = {
+            s.attrs["sglang.is_draft"]: s.attrs.get("sglang.model_class") for s in phases(proc, "model.load_weights")
+        }
         assert loads == {False: "LlamaForCausalLM", True: "LlamaForCausalLMEagle"}
 
     # Both ranks usually raise; the first SIGQUITs the launcher, which SIGKILLs the process tree,
@@ -358,7 +394,10 @@ def test_eagle_on_cpu_fails_in_draft_attention_and_the_journal_says_where(tiny_m
         assert proc.root.status == "error" and proc.root.error["message"] == EAGLE_ERROR
         assert proc.open_spans == [], "the exception unwound through every phase: all ended"
         assert {s.phase for s in proc.spans.values() if s.status == "error"} == {
-            "rank", "scheduler.init_attention_backends", "eagle.draft_attention_init"}
+            "rank",
+            "scheduler.init_attention_backends",
+            "eagle.draft_attention_init",
+        }
 
     launcher = launcher_of(run)
     assert launcher.root.name == "sglang.launch"
@@ -379,15 +418,20 @@ def test_renamed_target_is_one_warning_and_sglang_still_starts(tiny_model, tmp_p
     exist, before SGLang is imported, in every process."""
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(textwrap.dedent(f"""
+    (site / "sitecustomize.py").write_text(
+        textwrap.dedent(f"""
         import dataclasses
         import sglang_phasetrace.patches as patches
 
         patches.PHASES = tuple(dataclasses.replace(p, targets=({RENAMED!r},)) if p.name == "kv_cache.alloc" else p
                                for p in patches.PHASES)
-    """))
-    ran = run_program([START_ENGINE, str(tiny_model[0]), "--tp", "1"], tmp_path, env={
-        "PYTHONPATH": os.pathsep.join([str(HOOKS), str(site)]), "SGLANG_CPU_OMP_THREADS_BIND": "0"})
+    """)
+    )
+    ran = run_program(
+        [START_ENGINE, str(tiny_model[0]), "--tp", "1"],
+        tmp_path,
+        env={"PYTHONPATH": os.pathsep.join([str(HOOKS), str(site)]), "SGLANG_CPU_OMP_THREADS_BIND": "0"},
+    )
 
     assert ran.returncode == 0, ran.stderr[-4000:]
     assert "engine ready" in ran.stdout and "generated 4 tokens" in ran.stdout

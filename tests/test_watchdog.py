@@ -31,8 +31,18 @@ HB = 1.0
 
 def dist_ranks(model: Path, world: int, plant: str, rank: int) -> list[str]:
     """Arguments for tests/programs/dist_ranks.py: ``world`` gloo ranks, ``plant`` in ``rank``."""
-    return [str(PROGRAM), str(model), "--world", str(world), "--plant", plant, "--rank", str(rank),
-            "--port", str(free_port())]
+    return [
+        str(PROGRAM),
+        str(model),
+        "--world",
+        str(world),
+        "--plant",
+        plant,
+        "--rank",
+        str(rank),
+        "--port",
+        str(free_port()),
+    ]
 
 
 class Launched:
@@ -40,10 +50,18 @@ class Launched:
 
     def __init__(self, args: list[str], run_dir: Path, env: dict[str, str] | None = None) -> None:
         self.run_dir = run_dir
-        full_env = hook_env(run_dir.parent, {"SGLANG_PHASETRACE_RUN_DIR": str(run_dir),
-                                             "SGLANG_PHASETRACE_HEARTBEAT_S": str(HB), **(env or {})})
-        self.proc = subprocess.Popen([sys.executable, *args], env=full_env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+        full_env = hook_env(
+            run_dir.parent,
+            {"SGLANG_PHASETRACE_RUN_DIR": str(run_dir), "SGLANG_PHASETRACE_HEARTBEAT_S": str(HB), **(env or {})},
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, *args],
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
 
     def __enter__(self) -> Launched:
         return self
@@ -120,8 +138,14 @@ def test_blocked_rank_named_within_15_s_at_the_default_settings(tmp_path: Path, 
     run_dir = tmp_path / "run"
     th = Thresholds()
     env = hook_env(run_dir.parent, {"SGLANG_PHASETRACE_RUN_DIR": str(run_dir)})
-    proc = subprocess.Popen([sys.executable, *dist_ranks(tiny_model[0], 2, "sleep", 1)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, *dist_ranks(tiny_model[0], 2, "sleep", 1)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         dog = Watchdog(run_dir, th, out=sys.stderr, py_spy=False)
         deadline, found = time.monotonic() + 180, []
@@ -149,8 +173,22 @@ def test_rank_holding_the_gil_in_c_is_named_silent_with_stack_from_outside(tmp_p
         deadline = time.monotonic() + 120
         while not (run_dir / "journal").is_dir() and time.monotonic() < deadline:
             time.sleep(0.5)
-        code = cli_main(["watch", str(run_dir), "--interval", str(HB), "--silent-s", "4", "--stall-s", "120",
-                         "--exit-on-stall", "--timeout", "180", "--no-py-spy"])
+        code = cli_main(
+            [
+                "watch",
+                str(run_dir),
+                "--interval",
+                str(HB),
+                "--silent-s",
+                "4",
+                "--stall-s",
+                "120",
+                "--exit-on-stall",
+                "--timeout",
+                "180",
+                "--no-py-spy",
+            ]
+        )
         assert code == EXIT_STALLED
         silent = _rank(run_dir, 1)
         [watcher] = [p for p in load_run(run_dir).processes if p.role == "watchdog"]
@@ -188,9 +226,13 @@ def test_eagle_rank_blocked_in_get_embed_and_head_named_by_launcher_watchdog(tmp
     run_dir = tmp_path / "run"
     args = [str(ROOT / "scripts" / "start_engine.py"), str(target), "--tp", "2", "--draft", str(draft)]
     with OtlpReceiver("grpc") as receiver:
-        env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "sitecustomize_hooks"), str(ROOT / "tests" / "plants")]),
-               "PLANT_STALL_TP_RANK": "1", "SGLANG_PHASETRACE_STALL_S": "5",
-               "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+        env = {
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "sitecustomize_hooks"), str(ROOT / "tests" / "plants")]),
+            "PLANT_STALL_TP_RANK": "1",
+            "SGLANG_PHASETRACE_STALL_S": "5",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        }
         with Launched(args, run_dir, env) as launched:
             deadline = time.monotonic() + 240
             diagnosis = None

@@ -21,7 +21,12 @@ log = logging.getLogger("sglang_phasetrace")
 if TYPE_CHECKING:
     from ..patches import PatchEngine
 
-_active = False
+_active = False  # per interpreter, not per process: a forked child runs the patched modules it inherited
+
+
+def active() -> bool:
+    """Tracing was activated in this interpreter (by the PYTHONPATH hook or the SGLang plugin)."""
+    return _active
 
 
 def activate(boot_ns: int | None = None) -> None:
@@ -43,45 +48,37 @@ def activate(boot_ns: int | None = None) -> None:
     launcher = os.environ.get(keys.ENV_LAUNCHER)
     if launcher and launcher != str(os.getpid()):  # a process a traced launcher started
         threading.Thread(target=_start_early, args=(rt,), name="phasetrace-start", daemon=True).start()
-    rt.on_ready.append(lambda: _unpatch_init_only(engine))
+    # At ready, the init-only (hot-path) patches come off, copies included; the pass over every
+    # module for copies runs on a thread, off the ready path.
+    rt.on_ready.append(lambda: engine.unapply(lambda phase: phase.init_only, wait=False))
     rt.on_ready.append(lambda: _report_missing(rt, engine))
 
 
-def _start_early(rt: runtime.Runtime, wait_s: float = 120.0) -> None:
-    """A process a traced launcher started is visible (journal, status, stacks on request) from its
-    first ``import sglang``, not its first phase. That import runs while ``multiprocessing`` unpickles
-    the process's target; once it runs the target, the target's arguments say which rank this is,
-    so it is ``tp1`` before ``Scheduler.__init__``. Other processes (detokenizer, …) keep only a
-    status file until a phase of theirs starts; readers do not list them."""
+def _start_early(rt: runtime.Runtime, wait_s: float = 300.0) -> None:
+    """A rank a traced launcher started is visible (journal, heartbeats, stacks on request) from the
+    moment it knows it is a rank, not from its first phase. Its first ``import sglang`` runs while
+    ``multiprocessing`` unpickles the process's target; once it runs the target, the target's
+    arguments say which rank this is (``tp1``), and tracing starts with that identity in its
+    resource, long before ``Scheduler.__init__``. Other processes (detokenizer, …) are not ranks:
+    they start tracing at their first phase, as before."""
     from . import spawned
 
-    try:
-        rt.start()
-    except Exception as exc:  # TracingOff is said once by the runtime; never fails the import
-        if not isinstance(exc, runtime.TracingOff):
-            log.warning("sglang-phasetrace: tracing not started at import: %r", exc)
-        return
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and rt.identity.role == "process":
+    while time.monotonic() < deadline and not rt.started:
         proc = multiprocessing.current_process()
         target = getattr(proc, "_target", None)
-        if target is not None:
-            ranks = spawned.ranks_of(target, getattr(proc, "_args", ()), getattr(proc, "_kwargs", {}))
-            if ranks is not None:
-                rt.set_identity(role="rank", **ranks)
-            return
-        time.sleep(0.05)
-
-
-def _unpatch_init_only(engine: PatchEngine) -> None:
-    """At ready, take the init-only (hot-path) patches off: the targets and their known aliases now,
-    the copies modules made after patching on a thread (a pass over every module, kept off the
-    ready path). A call through a copy before that pass ends is counted as a runtime call."""
-    from ..patches import wrappers
-
-    engine.unapply(lambda phase: phase.init_only)
-    threading.Thread(target=wrappers.restore_copies, args=(lambda phase: phase.init_only,),
-                     name="phasetrace-unpatch", daemon=True).start()
+        if target is None:
+            time.sleep(0.05)
+            continue
+        ranks = spawned.ranks_of(target, getattr(proc, "_args", ()), getattr(proc, "_kwargs", {}))
+        if ranks is not None:
+            rt.set_identity(role="rank", **ranks)
+            try:
+                rt.start()
+            except Exception as exc:  # TracingOff is said once by the runtime; never fails SGLang
+                if not isinstance(exc, runtime.TracingOff):
+                    log.warning("sglang-phasetrace: tracing not started before the first phase: %r", exc)
+        return
 
 
 def _report_missing(rt: runtime.Runtime, engine: PatchEngine) -> None:

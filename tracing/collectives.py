@@ -7,12 +7,11 @@ rank has not entered the collective its peers wait in, or entered a different on
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Any
 
-from . import runtime
+from . import process_state, records, runtime
 
 
 class Collectives:
@@ -45,38 +44,35 @@ class Collectives:
         return {"op": e["op"], "group": e["group"], "seq": e["seq"], "since_s": round((now - e["t"]) / 1e9, 3)}, counts
 
 
-STATE = Collectives()
-_local = threading.local()
+def state() -> Collectives:
+    """This process's collectives (``process_state``: a forked child starts with none)."""
+    ps = process_state.STATE
+    if ps.collectives is None:
+        with ps.lock:
+            if ps.collectives is None:
+                ps.collectives = Collectives()
+    return ps.collectives
 
 
 def enter(op: str, group: str) -> dict[str, Any] | None:
     """Record entering a collective; None when nested in another one or before tracing started."""
     rt = runtime.current()
-    if not rt.started or rt.ready or getattr(_local, "depth", 0):
+    local = process_state.STATE.local
+    if not rt.started or rt.ready or getattr(local, "collective_depth", 0):
         return None
-    _local.depth = 1
-    entry = STATE.enter(op, group)
-    rt.write({"kind": "collective", "t": entry["t"], "edge": "enter", "op": op, "group": group,
-              "seq": entry["seq"], "span": _current_span(rt)})
+    local.collective_depth = 1
+    entry = state().enter(op, group)
+    rt.write(records.collective(entry["t"], "enter", op, group, entry["seq"], span=_current_span(rt)))
     return entry
 
 
 def exit(entry: dict[str, Any]) -> None:
-    _local.depth = 0
-    t = STATE.exit(entry)
-    runtime.current().write({"kind": "collective", "t": t, "edge": "exit", "op": entry["op"],
-                             "group": entry["group"], "seq": entry["seq"],
-                             "dur_s": round((t - entry["t"]) / 1e9, 6)})
+    process_state.STATE.local.collective_depth = 0
+    t = state().exit(entry)
+    dur_s = round((t - entry["t"]) / 1e9, 6)
+    runtime.current().write(records.collective(t, "exit", entry["op"], entry["group"], entry["seq"], dur_s=dur_s))
 
 
 def _current_span(rt: runtime.Runtime) -> str | None:
     spans = rt.open.snapshot()
     return runtime.hexid(spans[-1][0].get_span_context().span_id) if spans else None
-
-
-def reset_after_fork() -> None:
-    global STATE
-    STATE = Collectives()
-
-
-os.register_at_fork(after_in_child=reset_after_fork)

@@ -1,6 +1,7 @@
 """Stall analysis over a run directory: which rank stopped, where, who waits for it, and what it is doing.
 
-Pure (reads a ``RunView`` and the clock), so the live watchdog, ``phasetrace watch`` and
+Reads a ``RunView``, the clock and, for processes of this host, their state from the OS (psutil:
+exited, stopped, zombie); changes nothing, so the live watchdog, ``phasetrace watch`` and
 ``phasetrace status`` share it. On ranks that are neither ready nor finished:
 
 * **silent**: no heartbeat for ``silent_s`` (its Python threads cannot run: GIL held in C, or the
@@ -39,8 +40,15 @@ _MEMBERS = re.compile(r"\[(\d+(?:,\d+)*)\]$")
 ALARMS = frozenset({"silent", "straggler", "divergence", "no_progress"})
 # What counts as working, per heartbeat interval (a rank blocked in gloo/NCCL uses ~1 % of a core).
 CPU_BUSY_PCT, GPU_BUSY_PCT, IO_BUSY_BPS, MAJFLT_BUSY = 25.0, 10.0, 64 * 1024, 8
-_STATES = {"R": "running", "S": "sleeping", "D": "disk-sleep", "T": "stopped", "t": "traced", "Z": "zombie",
-           "I": "idle"}
+_STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "disk-sleep",
+    "T": "stopped",
+    "t": "traced",
+    "Z": "zombie",
+    "I": "idle",
+}
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,7 @@ class Thresholds:
     def from_env(cls) -> Thresholds:
         """``SGLANG_PHASETRACE_{HEARTBEAT,SILENT,STALL,NO_PROGRESS,BLOCKED,BUSY}_S``; silent defaults to
         4 beats (3 missed)."""
+
         def num(name: str, default: float) -> float:
             try:
                 return float(os.environ.get(keys.ENV_SECONDS.format(name), default))
@@ -66,9 +75,14 @@ class Thresholds:
                 return default
 
         hb = num("HEARTBEAT", cls.heartbeat_s)
-        return cls(hb, num("SILENT", max(4 * hb, 2.0)), num("STALL", cls.stall_s),
-                   num("NO_PROGRESS", cls.no_progress_s), num("BLOCKED", max(cls.blocked_s, 4 * hb)),
-                   num("BUSY", cls.busy_s))
+        return cls(
+            hb,
+            num("SILENT", max(4 * hb, 2.0)),
+            num("STALL", cls.stall_s),
+            num("NO_PROGRESS", cls.no_progress_s),
+            num("BLOCKED", max(cls.blocked_s, 4 * hb)),
+            num("BUSY", cls.busy_s),
+        )
 
     @property
     def blocked_bound(self) -> float:
@@ -120,7 +134,7 @@ def process_state(proc: ProcessRec) -> str:
 
 
 def _world_rank(proc: ProcessRec) -> int | None:
-    value = proc.identity.get("sglang.world_rank")
+    value = proc.identity.get(keys.WORLD_RANK)
     return value if isinstance(value, int) else None
 
 
@@ -177,9 +191,14 @@ def doing(beats: list[dict[str, Any]], since_t: int, now: int, th: Thresholds, i
     work: under 25 % of a core, no I/O, no major faults, no child at work, the GPU idle (ignored
     while the rank itself waits in a collective: NCCL spins). Busy when any shows work."""
     tol = th.heartbeat_s / 4 * NS
-    window = [b for b in beats if b["t"] >= now - th.blocked_bound * NS - tol
-              and b["t"] - (_num(b.get("dt_s")) or th.heartbeat_s) * NS >= since_t - tol
-              and isinstance(b.get("main"), dict) and _num(b.get("dt_s"))]
+    window = [
+        b
+        for b in beats
+        if b["t"] >= now - th.blocked_bound * NS - tol
+        and b["t"] - (_num(b.get("dt_s")) or th.heartbeat_s) * NS >= since_t - tol
+        and isinstance(b.get("main"), dict)
+        and _num(b.get("dt_s"))
+    ]
     fresh = bool(window) and (now - window[-1]["t"]) / NS <= 2 * th.heartbeat_s + 1
     if len(window) < 2 or not fresh:
         return Doing("unknown", "no heartbeat figures since it stopped progressing")
@@ -222,7 +241,7 @@ _VERBS = {"shards": "loading shards", "shapes": "capturing graph shapes"}
 
 
 def progress_estimate(proc: ProcessRec, beats: list[dict[str, Any]], now: int) -> str | None:
-    """"loading shards 41/64 at 1.8 shards/min, ~13 min left" from its open phases' progress
+    """ "loading shards 41/64 at 1.8 shards/min, ~13 min left" from its open phases' progress
     (heartbeats and ``done``/``total`` events); None when none of its open phases counts."""
     points: list[tuple[int, float, float, str]] = []  # (t, done, total, unit)
     open_ids = {s.span_id for s in proc.open_spans}
@@ -234,7 +253,7 @@ def progress_estimate(proc: ProcessRec, beats: list[dict[str, Any]], now: int) -
                 steps.insert(0, (span.start, 0.0, steps[0][2]))
             points += [(t, done, total, "shards") for t, done, total in steps]
         elif span.end is not None and span.parent_id in open_ids:  # a finished step: a graph shape captured
-            done, total = _num(span.attrs.get("sglang.shape_index")), _num(span.attrs.get("sglang.capture_shapes"))
+            done, total = _num(span.attrs.get(keys.SHAPE_INDEX)), _num(span.attrs.get(keys.CAPTURE_SHAPES))
             if done is not None and total:
                 points.append((span.end, done, total, "shapes"))
     for b in beats:
@@ -261,15 +280,19 @@ def progress_estimate(proc: ProcessRec, beats: list[dict[str, Any]], now: int) -
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 else \
-        f"{seconds / 3600:.1f} h"
+    return (
+        f"{seconds:.0f} s"
+        if seconds < 90
+        else f"{seconds / 60:.0f} min"
+        if seconds < 5400
+        else f"{seconds / 3600:.1f} h"
+    )
 
 
 # -- the rules --------------------------------------------------------------------------------------------
 
 
-def analyze(run: RunView, now_ns: int, thresholds: Thresholds | None = None, *,
-            notices: bool = False) -> list[Finding]:
+def analyze(run: RunView, now_ns: int, thresholds: Thresholds | None = None, *, notices: bool = False) -> list[Finding]:
     """Alarms first-found order; with ``notices``, also ``busy`` and ``slow`` (not alarms)."""
     th = thresholds or Thresholds()
     ranks = [p for p in run.processes if p.role == "rank"]
@@ -300,9 +323,17 @@ def analyze(run: RunView, now_ns: int, thresholds: Thresholds | None = None, *,
         if quiet >= th.no_progress_s:
             places = "; ".join(f"{p.label} {_where(p, now_ns)[1]}" for p in active)
             first = active[0]
-            findings.append(Finding("no_progress", first.label, first.pid, _where(first, now_ns)[0], quiet,
-                                    f"no progress on any rank for {quiet:.0f} s: {places}",
-                                    pids=[p.pid for p in active]))
+            findings.append(
+                Finding(
+                    "no_progress",
+                    first.label,
+                    first.pid,
+                    _where(first, now_ns)[0],
+                    quiet,
+                    f"no progress on any rank for {quiet:.0f} s: {places}",
+                    pids=[p.pid for p in active],
+                )
+            )
     return findings if notices else [f for f in findings if f.alarm]
 
 
@@ -326,12 +357,21 @@ def _detail(waiting: dict[str, dict[str, Any]], now: int) -> str:
     by_wait: dict[str, list[str]] = {}
     for label, coll in waiting.items():
         by_wait.setdefault(_wait_text(coll, now), []).append(label)
-    return "; ".join(f"{', '.join(labels)} {'waits' if len(labels) == 1 else 'wait'} in {text}"
-                     for text, labels in by_wait.items())
+    return "; ".join(
+        f"{', '.join(labels)} {'waits' if len(labels) == 1 else 'wait'} in {text}" for text, labels in by_wait.items()
+    )
 
 
-def _waited_on(run: RunView, s: ProcessRec, beats: list[dict[str, Any]], active: list[ProcessRec],
-               ranks: list[ProcessRec], by_world: dict[int, ProcessRec], now: int, th: Thresholds) -> Finding | None:
+def _waited_on(
+    run: RunView,
+    s: ProcessRec,
+    beats: list[dict[str, Any]],
+    active: list[ProcessRec],
+    ranks: list[ProcessRec],
+    by_world: dict[int, ProcessRec],
+    now: int,
+    th: Thresholds,
+) -> Finding | None:
     """The straggler / busy / slow verdict on one rank that its peers wait for (or left behind)."""
     waiting = _waiters(s, active, now, th.blocked_bound)
     phase, where, in_phase = _where(s, now)
@@ -348,21 +388,45 @@ def _waited_on(run: RunView, s: ProcessRec, beats: list[dict[str, Any]], active:
     for_s = f" for {quiet:.0f} s" + (f" (in it {in_phase:.0f} s)" if in_phase and in_phase - quiet > 2 else "")
     estimate = progress_estimate(s, beats, now)
     if estimate is not None and quiet < th.blocked_bound:  # its counters moved just now: slow, not stuck
-        return Finding("slow", s.label, s.pid, phase, wait_s,
-                       f"rank {s.label} (pid {s.pid}) is slow, not stuck: {estimate}, {where}; {detail}",
-                       waiting=_texts(waiting, now), pids=pids, doing=f"slow ({estimate})")
+        return Finding(
+            "slow",
+            s.label,
+            s.pid,
+            phase,
+            wait_s,
+            f"rank {s.label} (pid {s.pid}) is slow, not stuck: {estimate}, {where}; {detail}",
+            waiting=_texts(waiting, now),
+            pids=pids,
+            doing=f"slow ({estimate})",
+        )
     what = doing(beats, s.last_progress_t, now, th, own is not None)
     if (what.state == "blocked" and waiting and min(quiet, wait_s) >= th.blocked_bound) or (
-            what.state != "busy" and quiet >= th.stall_s):
+        what.state != "busy" and quiet >= th.stall_s
+    ):
         verdict = "is blocked" if what.state == "blocked" else "has made no progress"
-        return Finding("straggler", s.label, s.pid, phase, quiet,
-                       f"rank {s.label} (pid {s.pid}) {verdict} {where}{for_s} ({what.text}): {detail}",
-                       waiting=_texts(waiting, now), pids=pids, doing=f"{what.state} ({what.text})")
+        return Finding(
+            "straggler",
+            s.label,
+            s.pid,
+            phase,
+            quiet,
+            f"rank {s.label} (pid {s.pid}) {verdict} {where}{for_s} ({what.text}): {detail}",
+            waiting=_texts(waiting, now),
+            pids=pids,
+            doing=f"{what.state} ({what.text})",
+        )
     if what.state == "busy" and quiet >= th.busy_bound:
-        return Finding("busy", s.label, s.pid, phase, quiet,
-                       f"rank {s.label} (pid {s.pid}) is busy, not stuck, {where}: no progress{for_s} "
-                       f"({what.text}): {detail}", waiting=_texts(waiting, now), pids=pids,
-                       doing=f"busy ({what.text})")
+        return Finding(
+            "busy",
+            s.label,
+            s.pid,
+            phase,
+            quiet,
+            f"rank {s.label} (pid {s.pid}) is busy, not stuck, {where}: no progress{for_s} ({what.text}): {detail}",
+            waiting=_texts(waiting, now),
+            pids=pids,
+            doing=f"busy ({what.text})",
+        )
     return None
 
 
@@ -382,9 +446,17 @@ def _silent(p: ProcessRec, age: float, active: list[ProcessRec], now: int, th: T
     waiting = _waiters(p, active, now, 0.0)
     detail = f"; {_detail(waiting, now)}" if waiting else ""
     since = f" for {in_phase:.0f} s" if in_phase is not None else ""
-    return Finding("silent", p.label, p.pid, phase, age,
-                   f"rank {p.label} (pid {p.pid}) is silent: no heartbeat for {age:.0f} s ({cause}), "
-                   f"{where}{since}{detail}", waiting=_texts(waiting, now), pids=[p.pid], doing=f"silent ({cause})")
+    return Finding(
+        "silent",
+        p.label,
+        p.pid,
+        phase,
+        age,
+        f"rank {p.label} (pid {p.pid}) is silent: no heartbeat for {age:.0f} s ({cause}), {where}{since}{detail}",
+        waiting=_texts(waiting, now),
+        pids=[p.pid],
+        doing=f"silent ({cause})",
+    )
 
 
 def _peers_left(s: ProcessRec, ranks: list[ProcessRec]) -> list[ProcessRec]:
@@ -394,9 +466,12 @@ def _peers_left(s: ProcessRec, ranks: list[ProcessRec]) -> list[ProcessRec]:
         return []
     mine = sum(1 for span in s.spans.values() if span.phase == phase)
     peers = [p for p in ranks if p is not s]
-    left = [p for p in peers
-            if sum(1 for span in p.spans.values() if span.phase == phase and span.end is not None) >= mine
-            and not any(span.phase == phase for span in p.open_spans)]
+    left = [
+        p
+        for p in peers
+        if sum(1 for span in p.spans.values() if span.phase == phase and span.end is not None) >= mine
+        and not any(span.phase == phase for span in p.open_spans)
+    ]
     return left if peers and len(left) == len(peers) else []
 
 
@@ -411,9 +486,17 @@ def _divergence(ranks: list[ProcessRec]) -> list[Finding]:
             if len({"p2p" if op in _P2P else op for op in ops.values()}) > 1:
                 shown = ", ".join(f"{label} in {op}" for label, op in ops.items())
                 first = members[0]
-                findings.append(Finding("divergence", first.label, first.pid, None, 0.0,
-                                        f"ranks diverged on group '{group}' at #{seq}: {shown}",
-                                        waiting={label: f"{op} #{seq} on group '{group}'" for label, op in ops.items()},
-                                        pids=[p.pid for p in members]))
+                findings.append(
+                    Finding(
+                        "divergence",
+                        first.label,
+                        first.pid,
+                        None,
+                        0.0,
+                        f"ranks diverged on group '{group}' at #{seq}: {shown}",
+                        waiting={label: f"{op} #{seq} on group '{group}'" for label, op in ops.items()},
+                        pids=[p.pid for p in members],
+                    )
+                )
                 break  # the first divergence of a group is the one that matters
     return findings

@@ -17,13 +17,18 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from . import process_state
 from .redact import redact_text
 
 PROTOCOLS = ("grpc", "http/protobuf")
 # The OTLP exporters log every retry and failure on their own (unprefixed, every few seconds);
 # while our exporter runs, that is replaced by one line of ours per process (``Watched``).
-_SDK_LOGGERS = ("opentelemetry.exporter.otlp.proto.grpc.exporter", "opentelemetry.exporter.otlp.proto.http",
-                "opentelemetry.exporter.otlp.proto.http.trace_exporter", "opentelemetry.sdk._shared_internal")
+_SDK_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.exporter.otlp.proto.http",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.sdk._shared_internal",
+)
 _ours = threading.local()
 log = logging.getLogger("sglang_phasetrace")
 
@@ -85,19 +90,31 @@ class Collector:
         self.warned = True
         why = f" ({type(error).__name__})" if error is not None else ""
         endpoint = redact_text(endpoint)
-        log.warning("sglang-phasetrace: OTLP export to %s failed%s; spans stay in the journal: send them later "
-                    "with `phasetrace export RUN_DIR --endpoint %s`", endpoint or "?", why, endpoint or "URL")
+        log.warning(
+            "sglang-phasetrace: OTLP export to %s failed%s; spans stay in the journal: send them later "
+            "with `phasetrace export RUN_DIR --endpoint %s`",
+            endpoint or "?",
+            why,
+            endpoint or "URL",
+        )
 
     def unresponsive(self) -> bool:
         since = self.waiting_since
         return self.answering is False or (since is not None and time.monotonic() - since > self.SLOW_S)
 
 
-COLLECTOR = Collector()
+def collector() -> Collector:
+    """What this process knows of its collector (``process_state``: a forked child starts unknowing)."""
+    state = process_state.STATE
+    if state.collector is None:
+        with state.lock:
+            if state.collector is None:
+                state.collector = Collector()
+    return state.collector
 
 
 class Watched(SpanExporter):
-    """The OTLP exporter, keeping ``COLLECTOR`` up to date (see ``flush``), and saying once per
+    """The OTLP exporter, keeping ``collector()`` up to date (see ``flush``), and saying once per
     process, with the endpoint, that export failed and how to send the journal later."""
 
     def __init__(self, inner: SpanExporter, endpoint: str = "") -> None:
@@ -106,7 +123,8 @@ class Watched(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         result = SpanExportResult.FAILURE
-        COLLECTOR.waiting_since = time.monotonic()
+        known = collector()
+        known.waiting_since = time.monotonic()
         _ours.exporting = True
         error: BaseException | None = None
         try:
@@ -115,10 +133,10 @@ class Watched(SpanExporter):
             error = exc
         finally:
             _ours.exporting = False
-            COLLECTOR.answering = result is SpanExportResult.SUCCESS
-            COLLECTOR.waiting_since = None
+            known.answering = result is SpanExportResult.SUCCESS
+            known.waiting_since = None
         if result is not SpanExportResult.SUCCESS:
-            COLLECTOR.failed_once(self.endpoint, error)
+            known.failed_once(self.endpoint, error)
         return result
 
     def shutdown(self) -> None:
@@ -145,14 +163,6 @@ def flush(target: Any, timeout_s: float = 2.0) -> bool:
     deadline = time.monotonic() + timeout_s
     worker = threading.Thread(target=target.force_flush, name="phasetrace-flush", daemon=True)
     worker.start()
-    while worker.is_alive() and time.monotonic() < deadline and not COLLECTOR.unresponsive():
+    while worker.is_alive() and time.monotonic() < deadline and not collector().unresponsive():
         worker.join(0.02)
     return not worker.is_alive()  # else the spans stay in the journal (`phasetrace export --endpoint`)
-
-
-def _reset_after_fork() -> None:
-    global COLLECTOR
-    COLLECTOR = Collector()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)

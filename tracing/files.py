@@ -2,7 +2,7 @@
 followed, nothing created where another user could swap it out from under us.
 
 The journal holds server arguments, exception text and stacks, and the run directory's base may be
-a shared directory: every file we create goes through here. Stdlib only (no other tracing import),
+a shared directory: every file we create goes through here. Stdlib only (and ``process_state``, itself stdlib only),
 so every part of the package, the CLI included, can use it.
 """
 
@@ -14,11 +14,11 @@ import secrets
 import stat
 from pathlib import Path
 
+from . import process_state
+
 _DIR_MODE, _FILE_MODE = 0o700, 0o600
 _O_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_said: set[int | None] = set()  # errnos already said in this process
-os.register_at_fork(after_in_child=_said.clear)
 
 
 class UnsafeDirectory(OSError):
@@ -101,8 +101,7 @@ def write_all(fd: int, data: bytes) -> None:
 def say_once(path: Path, exc: OSError, consequence: str) -> None:
     """``cannot write PATH: [Errno N] reason; consequence``, once per process and reason: a full
     disk fails the journal and the status file alike, and that is one problem."""
-    if exc.errno not in _said:
-        _said.add(exc.errno)
+    if process_state.say_once(("files", exc.errno)):
         logging.getLogger("sglang_phasetrace").warning(
             "sglang-phasetrace: cannot write %s: [Errno %s] %s; %s", path, exc.errno, exc.strerror, consequence
         )

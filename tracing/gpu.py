@@ -45,13 +45,20 @@ def sample(gpu_id: int | None) -> dict[str, Any] | None:
         handle = nvml.nvmlDeviceGetHandleByIndex(physical_index(gpu_id))
         util = nvml.nvmlDeviceGetUtilizationRates(handle)
         mem = nvml.nvmlDeviceGetMemoryInfo(handle)
-        out: dict[str, Any] = {"index": physical_index(gpu_id), "util": util.gpu, "mem_util": util.memory,
-                               "mem_used": mem.used, "mem_total": mem.total}
+        out: dict[str, Any] = {
+            "index": physical_index(gpu_id),
+            "util": util.gpu,
+            "mem_util": util.memory,
+            "mem_used": mem.used,
+            "mem_total": mem.total,
+        }
     except Exception as exc:
         log.debug("sglang-phasetrace: NVML sample failed: %r", exc)
         return None
-    for key, read in (("power_w", lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),
-                      ("sm_clock_mhz", lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))):
+    for key, read in (
+        ("power_w", lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),
+        ("sm_clock_mhz", lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+    ):
         try:
             out[key] = read()
         except Exception:  # field not supported on this board

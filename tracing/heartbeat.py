@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import activity, collectives, files, gpu, runtime
+from . import activity, collectives, files, gpu, keys, metrics, process_state, records, runtime
 from .diagnose import Thresholds
 from .rundir import STATUS_DIR
 
@@ -43,38 +43,42 @@ class Heartbeat:
         times = self.process.cpu_times()
         return times.user + times.system
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> records.Record:
         now = time.time_ns()
         self.seq += 1
         phases = []
         for span, progress in self.rt.open.snapshot():
             item: dict[str, Any] = {
-                "span": runtime.hexid(span.get_span_context().span_id), "name": span.name,
-                "phase": (span.attributes or {}).get("sglang.phase", span.name),
+                "span": runtime.hexid(span.get_span_context().span_id),
+                "name": span.name,
+                "phase": (span.attributes or {}).get(keys.PHASE, span.name),
                 "since_s": round((now - (span.start_time or now)) / 1e9, 3),
             }
             if progress:
                 item["progress"] = progress
             phases.append(item)
         cpu = self._cpu()
-        record: dict[str, Any] = {
-            "kind": "heartbeat", "t": now, "seq": self.seq, "pid": self.rt.identity.pid,
-            "label": self.rt.identity.label, "ready": self.rt.ready, "interval_s": self.interval,
-            "phases": phases, "dt_s": round((now - self.t_last) / 1e9, 3), "cpu_s": round(cpu - self.cpu_last, 3),
-            "rss": self.process.memory_info().rss, "threads": self.process.num_threads(),
+        current, counts = collectives.state().snapshot(now)
+        ident = self.rt.identity
+        record = records.heartbeat(
+            now,
+            self.seq,
+            ident.pid,
+            ident.label,
+            self.rt.ready,
+            self.interval,
+            phases,
+            round(cpu - self.cpu_last, 3),
+            self.process.memory_info().rss,
+            self.process.num_threads(),
+            collective=current,
+            collectives=counts,
+            runtime_calls=self.rt.runtime_calls_summary() if self.rt.runtime_calls else None,
+            gpu=gpu.sample(ident.ranks.get("gpu")),
+            dt_s=round((now - self.t_last) / 1e9, 3),
             **self.activity.sample(),
-        }
+        )
         self.cpu_last, self.t_last = cpu, now
-        current, counts = collectives.STATE.snapshot(now)
-        if current:
-            record["collective"] = current
-        if counts:
-            record["collectives"] = counts
-        if self.rt.runtime_calls:
-            record["runtime_calls"] = self.rt.runtime_calls_summary()
-        figures = gpu.sample(self.rt.identity.ranks.get("gpu"))
-        if figures:
-            record["gpu"] = figures
         return record
 
     def beat(self) -> None:
@@ -86,11 +90,12 @@ class Heartbeat:
                 self.rt.write(record)
             journal = self.rt.journal
             if journal is not None and not journal.flush():  # records held back: say so here
-                record = {**record, "journal_unwritten": journal.trouble()}
+                record = records.unwritten(record, journal.trouble())
             try:
                 files.write_atomic(self.status_path, json.dumps(record, separators=(",", ":"), default=str).encode())
             except OSError as exc:  # a full or read-only disk: said once per process; beats go on
                 files.say_once(self.status_path, exc, "the status file stays stale until it can be")
+            metrics.observe(self.rt, record)  # kept for the OTLP metrics' next collection (when exported)
 
     def run(self) -> None:
         while True:
@@ -104,19 +109,21 @@ class Heartbeat:
                 return
 
 
-_current: Heartbeat | None = None
+def current() -> Heartbeat | None:
+    """This process's heartbeat, once started."""
+    return process_state.STATE.heartbeat
 
 
 def start(rt: runtime.Runtime) -> Heartbeat | None:
     """Start this process's heartbeat thread (once per process; a forked child starts its own)."""
-    global _current
-    if _current is not None and _current.rt is rt:
-        return _current
+    state = process_state.STATE
+    if state.heartbeat is not None and state.heartbeat.rt is rt:
+        return state.heartbeat
     try:
-        _current = Heartbeat(rt, max(0.1, Thresholds.from_env().heartbeat_s))
+        beat = state.heartbeat = Heartbeat(rt, max(0.1, Thresholds.from_env().heartbeat_s))
     except Exception as exc:
         log.warning("sglang-phasetrace: heartbeat not started: %r", exc)
         return None
-    threading.Thread(target=_current.run, name="phasetrace-heartbeat", daemon=True).start()
-    rt.on_ready.append(_current.beat)  # the status file says "ready" at once, not a beat later
-    return _current
+    threading.Thread(target=beat.run, name="phasetrace-heartbeat", daemon=True).start()
+    rt.on_ready.append(beat.beat)  # the status file says "ready" at once, not a beat later
+    return beat

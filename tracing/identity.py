@@ -13,8 +13,9 @@ from . import keys
 RANK_KEYS = {"tp": keys.TP_RANK, "pp": keys.PP_RANK, "dp": keys.DP_RANK, "ep": keys.EP_RANK}
 EXTRA_KEYS = {"world": keys.WORLD_RANK, "world_size": keys.WORLD_SIZE, "gpu": keys.GPU_ID}
 # every key ``Identity.attributes`` may stamp on a span (the journal leaves them to ``identity``)
-IDENTITY_KEYS = frozenset({"host.name", "process.pid", keys.ROLE, keys.RANK_LABEL, *RANK_KEYS.values(),
-                           *EXTRA_KEYS.values()})
+IDENTITY_KEYS = frozenset(
+    {"host.name", "process.pid", keys.ROLE, keys.RANK_LABEL, *RANK_KEYS.values(), *EXTRA_KEYS.values()}
+)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from . import files
-from .records import KINDS, SCHEMA_VERSION, all_valid, validate  # noqa: F401 (the schema's names, kept importable here)
+from .records import KINDS, all_valid, validate, warning
 
 log = logging.getLogger("sglang_phasetrace")
 
@@ -120,9 +120,12 @@ class JournalWriter:
     def _gap_note(self) -> dict:
         now = time.time_ns()
         since = time.strftime("%H:%M:%S", time.localtime(self._failed_since / 1e9))
-        return {"kind": "warning", "t": now, "message": (
-            f"journal writes failed for {(now - self._failed_since) / 1e9:.1f} s from {since} ({_reason(self.error)}); "
-            f"the records before this one were written late, {self._dropped} dropped")}
+        failed_s = (now - self._failed_since) / 1e9
+        return warning(
+            now,
+            f"journal writes failed for {failed_s:.1f} s from {since} ({_reason(self.error)}); "
+            f"the records before this one were written late, {self._dropped} dropped",
+        )
 
     def _append(self, data: bytes) -> None:
         if self._torn:
@@ -158,8 +161,12 @@ class JournalWriter:
         with self._lock:
             if self._failed_since is None:
                 return None
-            return {"error": _reason(self.error), "since": self._failed_since, "held": len(self._held),
-                    "dropped": self._dropped}
+            return {
+                "error": _reason(self.error),
+                "since": self._failed_since,
+                "held": len(self._held),
+                "dropped": self._dropped,
+            }
 
     def close(self) -> None:
         with self._lock:
@@ -206,8 +213,11 @@ class JournalTail:
         self.lines += len(lines)
         records = _parse_chunk(lines)  # fast path: one parse for the whole chunk
         if records is None:  # some line is not JSON: line by line, naming each bad one
-            numbered = [(n, r) for n, raw in enumerate(lines, first)
-                        if (r := parse_line(raw, self.path, n, self.problems, self.unknown_kinds)) is not None]
+            numbered = [
+                (n, r)
+                for n, raw in enumerate(lines, first)
+                if (r := parse_line(raw, self.path, n, self.problems, self.unknown_kinds)) is not None
+            ]
             self._chunk = (first, lines, [n for n, _ in numbered])
             return [r for _, r in numbered]
         self._chunk = (first, lines, None)
@@ -275,8 +285,9 @@ def read_journal(path: Path) -> tuple[list[dict], list[str]]:
     return tail.read(final=True), tail.problems
 
 
-def parse_line(raw: bytes, path: Path, lineno: int, problems: list[str],
-               unknown: set[str] | None = None) -> dict | None:
+def parse_line(
+    raw: bytes, path: Path, lineno: int, problems: list[str], unknown: set[str] | None = None
+) -> dict | None:
     """One line as a valid record, or None (blank; else reported in ``problems`` as ``file:line: why``)."""
     if not raw.strip():
         return None
@@ -298,8 +309,9 @@ def _report(path: Path, lineno: int, record: Any, why: str, problems: list[str],
         if unknown is None or kind not in unknown:
             if unknown is not None:
                 unknown.add(kind)
-            problems.append(f"{path}:{lineno}: unknown record kind {kind!r} skipped (later ones in this file "
-                            "not reported)")
+            problems.append(
+                f"{path}:{lineno}: unknown record kind {kind!r} skipped (later ones in this file not reported)"
+            )
         return
     what = f"{kind} record" if isinstance(kind, str) else "not a journal record"
     problems.append(f"{path}:{lineno}: {what}: {why}")

@@ -1,4 +1,5 @@
-"""Attribute keys and the environment variables we read: one place, so names never drift."""
+"""Attribute keys, the phase names readers test, and the environment variables we read: one place,
+so a name a writer (``patches/``, the runtime) sets is the very name every reader looks for."""
 
 # Identity (stamped on every span, and resource attributes where known at provider creation).
 TP_RANK = "sglang.tp_rank"
@@ -18,6 +19,29 @@ PHASE = "sglang.phase"
 TARGET = "phasetrace.target"
 AFTER_READY = "phasetrace.after_ready"
 INCOMPLETE = "phasetrace.incomplete"
+SNAPSHOT = "phasetrace.snapshot"  # on spans a snapshot export closed for the reader (still open in the run)
+
+# Phase attributes readers use (set by patches/, read by the watchdog and the renderers).
+GROUP_NAME = "sglang.group_name"  # a communication group: phases per group are told apart
+IS_DRAFT = "sglang.is_draft"  # a speculative draft model's phase, told apart from the target's
+SHAPE_INDEX = "sglang.shape_index"  # graph capture progress: this shape's 1-based index ...
+CAPTURE_SHAPES = "sglang.capture_shapes"  # ... of this many
+
+# The watchdog's event on a stalled process's root span.
+STALL_EVENT = "phasetrace.stall"
+FINDING = "phasetrace.finding"
+MESSAGE = "phasetrace.message"
+
+# Phase names readers test. A process's root phase: it ends well when the process is ready (a
+# rank's ``Scheduler.__init__``, the launcher's entry point). The launcher's ready phase: it ends
+# well when the server answers. ``patches/`` names its root and ready phases with these, and
+# tests/test_schema.py checks that every phase of those kinds is in these sets.
+PHASE_RANK = "rank"
+PHASE_LAUNCH_ENGINE = "launch.engine"
+PHASE_LAUNCH_SERVER = "launch.server"
+PHASE_WAIT_READY = "server.wait_ready"
+ROOT_PHASES = frozenset({PHASE_RANK, PHASE_LAUNCH_ENGINE, PHASE_LAUNCH_SERVER})
+READY_PHASES = frozenset({PHASE_WAIT_READY})
 
 # Environment (the on/off switch SGLANG_PHASETRACE is read by the stdlib-only boot module).
 ENV_BASE_DIR = "SGLANG_PHASETRACE_DIR"
@@ -27,6 +51,7 @@ ENV_SECONDS = "SGLANG_PHASETRACE_{}_S"  # HEARTBEAT, SILENT, STALL, NO_PROGRESS
 ENV_STACK_SIGNAL = "SGLANG_PHASETRACE_STACK_SIGNAL"
 ENV_WATCHDOG = "SGLANG_PHASETRACE_WATCHDOG"  # "0": no watchdog thread in the launcher
 ENV_ABORT_AFTER = "SGLANG_PHASETRACE_ABORT_AFTER_S"  # opt-in: SIGTERM the launcher after a stall this long
+ENV_METRICS = "SGLANG_PHASETRACE_METRICS"  # "0": no OTLP metrics even with an endpoint set
 ENV_LAUNCHER = "SGLANG_PHASETRACE_LAUNCHER"  # pid of the traced launcher; its children trace from import
 ENV_TRACEPARENT = "TRACEPARENT"
 DEFAULT_BASE_DIR = "phasetrace-runs"

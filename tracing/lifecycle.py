@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 
-from . import exporters, runtime
+from . import exporters, process_state, runtime
 
 log = logging.getLogger("sglang_phasetrace")
-_installed_pid: int | None = None
 
 
 def end_open_phases(rt: runtime.Runtime, reason: str) -> int:
@@ -39,12 +37,10 @@ def shutdown(rt: runtime.Runtime, reason: str, timeout_s: float = 2.0) -> None:
 
 
 def install() -> None:
-    """Once per process: at interpreter exit, end open phases as incomplete and flush (bounded)."""
-    global _installed_pid
-    if _installed_pid == os.getpid():
+    """Once per process: at interpreter exit, end open phases as incomplete and flush (bounded).
+    A forked child may hold the parent's registration as well: the second call finds nothing open."""
+    state = process_state.STATE
+    if state.exit_hook:
         return
-    _installed_pid = os.getpid()
+    state.exit_hook = True
     atexit.register(lambda: shutdown(runtime.current(), "incomplete: process exited before the phase ended"))
-
-
-os.register_at_fork(after_in_child=runtime.reset_after_fork)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import procs
+from . import keys, procs
 from .diagnose import Finding
 from .redact import redact_text
 from .rundir import ProcessRec, RunView
@@ -33,7 +33,7 @@ class Ending:
 def _innermost_at(proc: ProcessRec, t: int) -> tuple[str | None, float | None]:
     """The innermost phase that was open at ``t`` (open, or ended at/after t), and for how long."""
     inside = [s for s in proc.spans.values() if s.start <= t and (s.end is None or s.end >= t)]
-    inside = [s for s in inside if s.phase != "rank"] or inside
+    inside = [s for s in inside if s.phase not in keys.ROOT_PHASES] or inside
     if not inside:
         return None, None
     span = max(inside, key=lambda s: s.start)
@@ -41,7 +41,7 @@ def _innermost_at(proc: ProcessRec, t: int) -> tuple[str | None, float | None]:
 
 
 def _error_phase(proc: ProcessRec) -> tuple[str | None, float | None, str]:
-    failed = [s for s in proc.spans.values() if s.status == "error" and s.phase != "rank"]
+    failed = [s for s in proc.spans.values() if s.status == "error" and s.phase not in keys.ROOT_PHASES]
     span = max(failed, key=lambda s: s.start) if failed else proc.root
     error = (span.error if span is not None else None) or {}
     text = ": ".join(str(x) for x in (error.get("type"), error.get("message")) if x) or "an error"
@@ -81,8 +81,13 @@ def _finished_cleanly(proc: ProcessRec, ended: procs.Ended | None, recorded: dic
     well and did not die of a signal or an error code: it finished, it did not fail."""
     code = ended.code if ended is not None else (recorded or {}).get("code")
     killed = (ended is not None and ended.signal is not None) or bool((recorded or {}).get("signal"))
-    return (proc.root is None and not killed and code in (0, None) and bool(proc.spans)
-            and all(s.status == "ok" for s in proc.spans.values()))
+    return (
+        proc.root is None
+        and not killed
+        and code in (0, None)
+        and bool(proc.spans)
+        and all(s.status == "ok" for s in proc.spans.values())
+    )
 
 
 def _signum(name: object) -> int | None:
@@ -108,8 +113,10 @@ def describe(ending: Ending, root: Ending | None) -> str:
     verb = "" if how.startswith(("failed", "is gone")) else "was "
     text = f"rank {p.label} (pid {p.pid}) {verb}{how}{where}{after}"
     if root is not None and root is not ending:
-        text += f" — a consequence of {root.proc.label}'s {'failure' if root.failed else 'death'} " \
-                f"{(ending.t - root.t) / NS:.1f} s earlier"
+        text += (
+            f" — a consequence of {root.proc.label}'s {'failure' if root.failed else 'death'} "
+            f"{(ending.t - root.t) / NS:.1f} s earlier"
+        )
     return text
 
 
@@ -117,8 +124,18 @@ def findings(run: RunView, gone: dict[int, procs.Ended | None]) -> list[Finding]
     """One finding per rank that ended during init (kind ``died`` or ``failed``), root cause first."""
     ends = endings(run, gone)
     root = ends[0] if ends else None
-    return [Finding("failed" if e.failed else "died", e.proc.label, e.proc.pid, e.phase, e.in_phase_s or 0.0,
-                    describe(e, root), pids=[e.proc.pid]) for e in ends]
+    return [
+        Finding(
+            "failed" if e.failed else "died",
+            e.proc.label,
+            e.proc.pid,
+            e.phase,
+            e.in_phase_s or 0.0,
+            describe(e, root),
+            pids=[e.proc.pid],
+        )
+        for e in ends
+    ]
 
 
 def root_cause_line(run: RunView, gone: dict[int, procs.Ended | None]) -> str | None:

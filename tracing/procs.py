@@ -91,9 +91,6 @@ class Ended:
             return text + (" (core dumped)" if self.core else "")
         return f"exited with code {self.code}"
 
-    def record_fields(self) -> dict[str, object]:
-        return {"code": self.code, "signal": self.signal_name}
-
 
 def child_ended(pid: int) -> Ended | None:
     """How child ``pid`` ended, without reaping it (``WNOWAIT``: its owner still collects it as

@@ -19,7 +19,10 @@ Kinds (schema version 1):
                ``error`` (``type``, ``message``, ``stack``) when it failed
 ``heartbeat``  liveness and progress: ``seq``; ``pid``, ``label``, ``ready``, ``interval_s``, ``phases``
                (``span``, ``name``, ``phase``, ``since_s``, ``progress``), ``collective``, ``collectives``,
-               ``cpu_s``, ``rss``, ``threads``, ``gpu``, ``runtime_calls``
+               ``cpu_s``, ``rss``, ``threads``, ``gpu``, ``runtime_calls``; what the process did since its
+               previous beat (``tracing.activity``): ``dt_s``, ``main`` (``state``, ``cpu_s``), ``majflt``,
+               ``io_b``, ``child_cpu_s``; in the status file only, ``journal_unwritten`` (``error``,
+               ``since``, ``held``, ``dropped``) while journal writes fail
 ``collective`` an init collective entered or left: ``edge`` (enter/exit), ``op``, ``group``, ``seq``;
                ``span`` (the phase it ran in), ``dur_s`` on exit
 ``diagnosis``  a stall the watchdog found: ``message``; ``finding``, ``label``, ``pid``, ``phase``,
@@ -34,6 +37,8 @@ from __future__ import annotations
 from collections import defaultdict
 from itertools import chain, repeat
 from typing import Any
+
+from . import keys
 
 SCHEMA_VERSION = 1
 STATUSES = frozenset({"ok", "error", "incomplete"})
@@ -120,7 +125,14 @@ def heartbeat(
     collectives: dict[str, int] | None = None,
     runtime_calls: dict[str, Any] | None = None,
     gpu: dict[str, Any] | None = None,
+    dt_s: float | None = None,
+    main: dict[str, Any] | None = None,
+    majflt: int | None = None,
+    io_b: int | None = None,
+    child_cpu_s: float | None = None,
 ) -> Record:
+    """Empty ``collective``/``collectives``/``runtime_calls``/``gpu`` are left out; activity
+    figures (``dt_s`` …) when known, zeros included (a zero says "idle", absence "cannot tell")."""
     record: Record = {
         "kind": "heartbeat",
         "t": t,
@@ -142,7 +154,21 @@ def heartbeat(
     ):
         if value:
             record[key] = value
+    for key, value in (
+        ("dt_s", dt_s),
+        ("main", main),
+        ("majflt", majflt),
+        ("io_b", io_b),
+        ("child_cpu_s", child_cpu_s),
+    ):
+        if value is not None:
+            record[key] = value
     return record
+
+
+def unwritten(heartbeat: Record, trouble: dict[str, Any]) -> Record:
+    """The status file's copy of ``heartbeat`` when journal writes fail (``JournalWriter.trouble``)."""
+    return {**heartbeat, "journal_unwritten": trouble}
 
 
 def collective(
@@ -253,7 +279,7 @@ class Attributes(Deep):
     """Span, identity and resource attributes: scalars or lists of scalars (what OTel allows); in
     span attributes, the ones readers use as names must be strings."""
 
-    NAMES = ("sglang.phase", "sglang.group_name")
+    NAMES = (keys.PHASE, keys.GROUP_NAME)
 
     def __init__(self, span: bool = False) -> None:
         self.names = self.NAMES if span else ()
@@ -384,6 +410,16 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
         _f("threads", INT),
         _f("gpu", OBJ, deep=Values(NUM)),
         _f("runtime_calls", OBJ),
+        _f("dt_s", NUM),
+        _f("main", OBJ, deep=Fields(_f("state", STR), _f("cpu_s", NUM))),
+        _f("majflt", INT),
+        _f("io_b", INT),
+        _f("child_cpu_s", NUM),
+        _f(
+            "journal_unwritten",
+            OBJ,
+            deep=Fields(_f("error", STR), _f("since", INT), _f("held", INT), _f("dropped", INT)),
+        ),
     ),
     "collective": (
         _f("edge", STR, True, OneOf(EDGES)),

@@ -11,6 +11,7 @@ private keys). Hiding an innocent word costs less than leaking a credential.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -68,6 +69,7 @@ def _words(key: str) -> list[str]:
     return words
 
 
+@functools.lru_cache(maxsize=4096)  # pure, and called per attribute of every record: keys repeat
 def is_secret_key(key: str) -> bool:
     """``api_key``, ``hf_token``, ``ssl_keyfile_password`` are secrets; ``req_to_token_pool`` is not.
 

@@ -3,9 +3,11 @@
 Layout (one run = one launch)::
 
     RUN_DIR/
-      journal/<host>-<pid>.jsonl   one journal per process (see ``tracing.journal``)
-      status/<host>-<pid>.json     latest heartbeat of each process, atomically replaced
-      stacks/<host>-<pid>.txt      stack dumps taken by the watchdog or on request (appended)
+      journal/<host>-<pid>.jsonl          one journal per process (see ``tracing.journal``)
+      journal/watch-<host>-<pid>.jsonl    a ``phasetrace watch``'s own (its diagnoses)
+      status/<host>-<pid>.json            latest heartbeat of each process, atomically replaced
+      stacks/<host>-<pid>.txt             faulthandler stack dumps, on the watchdog's request or a user's signal
+      stacks/<host>-<pid>-py-spy-<t>.txt  a py-spy dump the watchdog took (``t``: Unix time in seconds)
 
 Shared by the watchdog (live, incremental ``refresh()``) and the CLI (one ``load_run``). Journals
 may be cut by ``kill -9`` or hold a corrupt line or a record of the wrong shape: each such line is
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import keys
 from .journal import JournalTail, _loads, read_regular
 from .records import validate
 
@@ -44,7 +47,7 @@ class SpanRec:
     @property
     def phase(self) -> str:
         """The stable phase name (rank roots are named per rank; their phase is ``rank``)."""
-        return self.attrs.get("sglang.phase", self.name)
+        return self.attrs.get(keys.PHASE, self.name)
 
     def duration_ns(self, now: int | None = None) -> int | None:
         end = self.end if self.end is not None else now
@@ -164,7 +167,7 @@ class ProcessRec:
     @property
     def root(self) -> SpanRec | None:
         for span in self.spans.values():
-            if span.attrs.get("sglang.phase") in ("rank", "launch.engine", "launch.server"):
+            if span.attrs.get(keys.PHASE) in keys.ROOT_PHASES:
                 return span
         return None
 
@@ -182,7 +185,7 @@ class ProcessRec:
         order = {"launcher": 0, "rank": 1}.get(self.role, 2)
         ranks = tuple(
             i.get(k, -1) if isinstance(i.get(k), int) else -1
-            for k in ("sglang.dp_rank", "sglang.pp_rank", "sglang.tp_rank", "sglang.world_rank")
+            for k in (keys.DP_RANK, keys.PP_RANK, keys.TP_RANK, keys.WORLD_RANK)
         )
         return (order, ranks, self.host, self.pid)
 

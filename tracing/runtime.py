@@ -24,9 +24,9 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import StatusCode
 
-from . import exporters, files, keys, procs
+from . import exporters, files, keys, process_state, procs, records
 from .identity import IDENTITY_KEYS, Identity
-from .journal import SCHEMA_VERSION, JournalWriter
+from .journal import JournalWriter
 from .redact import redact
 from .rundir import JOURNAL_DIR, STATUS_DIR
 
@@ -142,37 +142,43 @@ class JournalProcessor(SpanProcessor):
         attrs = {k: v for k, v in (span.attributes or {}).items() if k not in IDENTITY_KEYS}
         self.begun[ctx.span_id] = attrs
         self.open.add(span)
-        self.writer.write({
-            "kind": "begin", "t": span.start_time, "span": hexid(ctx.span_id),
-            "parent": hexid(span.parent.span_id) if span.parent else None,
-            "trace": hexid(ctx.trace_id, 32), "name": span.name, "attrs": attrs,
-            "thread": threading.current_thread().name,
-        })
+        parent = hexid(span.parent.span_id) if span.parent else None
+        self.writer.write(
+            records.begin(
+                span.start_time,
+                hexid(ctx.span_id),
+                parent,
+                hexid(ctx.trace_id, 32),
+                span.name,
+                attrs,
+                threading.current_thread().name,
+            )
+        )
 
     def _end(self, span: ReadableSpan) -> None:
         self.open.remove(span)
         attrs = dict(span.attributes or {})
-        record: dict[str, Any] = {"kind": "end", "t": span.end_time, "span": hexid(span.get_span_context().span_id)}
         if attrs.get(keys.INCOMPLETE):
-            record["status"] = "incomplete"
+            status = "incomplete"
         elif span.status.status_code is StatusCode.ERROR:
-            record["status"] = "error"
+            status = "error"
         else:
-            record["status"] = "ok"
+            status = "ok"
+        error = None
         for event in reversed(span.events):
             if event.name == "exception":
                 a = event.attributes or {}
-                record["error"] = {
-                    "type": a.get("exception.type"), "message": a.get("exception.message"),
-                    "stack": a.get("exception.stacktrace"),
-                }
+                error = records.error(
+                    a.get("exception.type"), a.get("exception.message"), a.get("exception.stacktrace")
+                )
                 break
         else:
-            if record["status"] != "ok" and span.status.description:
-                record["error"] = {"type": None, "message": span.status.description}
-        begun = self.begun.pop(span.get_span_context().span_id, {})
-        record["attrs"] = {k: v for k, v in attrs.items() if k not in IDENTITY_KEYS and begun.get(k, _UNSET) != v}
-        self.writer.write(record)
+            if status != "ok" and span.status.description:
+                error = records.error(None, span.status.description)
+        sid = span.get_span_context().span_id
+        begun = self.begun.pop(sid, {})
+        changed = {k: v for k, v in attrs.items() if k not in IDENTITY_KEYS and begun.get(k, _UNSET) != v}
+        self.writer.write(records.end(span.end_time, hexid(sid), status, changed, error))
 
 
 class Contained(SpanProcessor):
@@ -256,8 +262,9 @@ class Runtime:
             self._pending.clear()
             # Not shut down by the SDK at exit: that joins the export thread for up to 30 s, however
             # long a collector that does not answer holds it; lifecycle flushes with a bound instead.
-            provider = TracerProvider(resource=resource, sampler=ALWAYS_ON, id_generator=PrivateIdGenerator(),
-                                      shutdown_on_exit=False)
+            provider = TracerProvider(
+                resource=resource, sampler=ALWAYS_ON, id_generator=PrivateIdGenerator(), shutdown_on_exit=False
+            )
             # Neither the journal nor the exporter raises: a failure of one never stops the other.
             provider.add_span_processor(JournalProcessor(self.journal, self.open))
             provider.add_span_processor(StampProcessor(self.identity))
@@ -284,11 +291,19 @@ class Runtime:
         files.private_dir(run_dir / STATUS_DIR)
         journal = JournalWriter(files.private_dir(run_dir / JOURNAL_DIR) / f"{ident.host}-{ident.pid}.jsonl")
         try:
-            journal.write_or_raise({
-                "v": SCHEMA_VERSION, "kind": "process", "t": time.time_ns(), "pid": ident.pid,
-                "ppid": os.getppid(), "host": ident.host, "run_id": run_dir.name,
-                "boot_t": self.boot_ns, "resource": dict(resource.attributes), **procs.fingerprint(ident.pid),
-            })
+            journal.write_or_raise(
+                records.process(
+                    time.time_ns(),
+                    ident.pid,
+                    os.getppid(),
+                    ident.host,
+                    run_dir.name,
+                    self.boot_ns,
+                    dict(resource.attributes),
+                    start_ticks=procs.start_ticks(ident.pid),
+                    boot_id=procs.boot_id(),
+                )
+            )
         except OSError as exc:
             journal.close()
             with contextlib.suppress(OSError):
@@ -318,9 +333,8 @@ class Runtime:
             attrs[keys.SGLANG_VERSION] = version
         return Resource.create(attrs)
 
-    def _identity_record(self) -> dict:
-        return {"kind": "identity", "t": time.time_ns(), "label": self.identity.label,
-                "role": self.identity.role, "attrs": self.identity.attributes()}
+    def _identity_record(self) -> records.Record:
+        return records.identity(time.time_ns(), self.identity.label, self.identity.role, self.identity.attributes())
 
     def set_identity(self, role: str | None = None, **ranks: Any) -> None:
         """Merge newly known ranks/role; journaled once the journal exists (else at its start)."""
@@ -362,25 +376,15 @@ class Runtime:
     def warn(self, message: str) -> None:
         """One warning line on stderr (through logging) and a ``warning`` record in the journal."""
         log.warning("sglang-phasetrace: %s", message)
-        self.write({"kind": "warning", "t": time.time_ns(), "message": redact(message)})
-
-
-_current: Runtime | None = None
-_current_lock = threading.Lock()
+        self.write(records.warning(time.time_ns(), redact(message)))
 
 
 def current() -> Runtime:
-    """This process's runtime (created, not started, on first use)."""
-    global _current
-    if _current is None:
-        with _current_lock:
-            if _current is None:
+    """This process's runtime (created, not started, on first use; a forked child makes its own)."""
+    state = process_state.STATE
+    if state.runtime is None:
+        with state.lock:
+            if state.runtime is None:
                 boot = sys.modules.get("_phasetrace_boot")
-                _current = Runtime(getattr(boot, "BOOT_NS", None) or time.time_ns())
-    return _current
-
-
-def reset_after_fork() -> None:
-    """A forked child is a new process: new pid, new journal, no inherited open phases."""
-    global _current
-    _current = Runtime(time.time_ns())
+                state.runtime = Runtime(state.boot_ns or getattr(boot, "BOOT_NS", None) or time.time_ns())
+    return state.runtime

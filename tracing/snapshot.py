@@ -25,7 +25,12 @@ def incomplete_spans(proc: ProcessRec, now_ns: int, reason: str) -> Iterator[Rea
     for span in proc.open_spans:
         parent = span.parent_id and _context(span.trace_id, span.parent_id)
         yield ReadableSpan(
-            name=span.name, context=_context(span.trace_id, span.span_id), parent=parent or None,
-            resource=resource, start_time=span.start, end_time=now_ns,
-            attributes={**span.attrs, **proc.identity, keys.INCOMPLETE: True, "phasetrace.snapshot": True},
-            status=Status(StatusCode.ERROR, f"incomplete: in flight when the watchdog reported: {reason}"[:1000]))
+            name=span.name,
+            context=_context(span.trace_id, span.span_id),
+            parent=parent or None,
+            resource=resource,
+            start_time=span.start,
+            end_time=now_ns,
+            attributes={**span.attrs, **proc.identity, keys.INCOMPLETE: True, keys.SNAPSHOT: True},
+            status=Status(StatusCode.ERROR, f"incomplete: in flight when the watchdog reported: {reason}"[:1000]),
+        )

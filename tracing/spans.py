@@ -18,7 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from . import keys, runtime
+from . import keys, records, runtime
 from .redact import redact, redact_text
 
 log = logging.getLogger("sglang_phasetrace")
@@ -56,8 +56,12 @@ def exception_attrs(exc: BaseException) -> dict[str, str]:
         stack = ""
     module, qualname = type(exc).__module__, type(exc).__qualname__
     kind = f"{module}.{qualname}" if module and module != "builtins" else qualname  # as OTel names it
-    return {"exception.type": kind, "exception.message": redact_text(message),
-            "exception.stacktrace": redact_text(stack), "exception.escaped": "False"}
+    return {
+        "exception.type": kind,
+        "exception.message": redact_text(message),
+        "exception.stacktrace": redact_text(stack),
+        "exception.escaped": "False",
+    }
 
 
 def launch_context() -> otel_context.Context | None:
@@ -97,8 +101,7 @@ class PhaseSpan:
         try:
             clean = clean_attrs(attrs)
             self.span.add_event(name, clean)
-            self.rt.write({"kind": "event", "t": time.time_ns(), "span": runtime.hexid(self.span_id),
-                           "name": name, "attrs": clean})
+            self.rt.write(records.event(time.time_ns(), runtime.hexid(self.span_id), name, clean))
         except Exception:
             log.debug("sglang-phasetrace: event failed", exc_info=True)
 
@@ -107,8 +110,7 @@ class PhaseSpan:
         with self.rt.open.lock:
             self.rt.open.progress.setdefault(self.span_id, {}).update(fields)
 
-    def end(self, exc: BaseException | None = None, incomplete: str | None = None,
-            end_ns: int | None = None) -> None:
+    def end(self, exc: BaseException | None = None, incomplete: str | None = None, end_ns: int | None = None) -> None:
         try:
             self.detach()
             if not self.span.is_recording():  # already ended (e.g. by a signal handler)
@@ -143,8 +145,14 @@ def _parent_context(rt: runtime.Runtime) -> otel_context.Context | None:
     return launch_context()
 
 
-def start_phase(name: str, attrs: dict[str, Any] | None = None, *, start_ns: int | None = None,
-                attach: bool = True, root: bool = False) -> PhaseSpan | None:
+def start_phase(
+    name: str,
+    attrs: dict[str, Any] | None = None,
+    *,
+    start_ns: int | None = None,
+    attach: bool = True,
+    root: bool = False,
+) -> PhaseSpan | None:
     """Start a phase span in this process; ``root=True`` makes it the process root. None on failure."""
     try:
         rt = runtime.current().start()

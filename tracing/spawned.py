@@ -25,8 +25,11 @@ def ranks_of(target: Any, args: tuple, kwargs: dict) -> dict[str, int] | None:
         return None
     if "tp_rank" not in bound:
         return None
-    return {name: value for arg, name in RANK_ARGS.items()
-            if isinstance(value := bound.get(arg), int) and not isinstance(value, bool)}
+    return {
+        name: value
+        for arg, name in RANK_ARGS.items()
+        if isinstance(value := bound.get(arg), int) and not isinstance(value, bool)
+    }
 
 
 def not_started(run: Any, now_ns: int, stall_s: float, no_progress_s: float) -> list[Any]:
@@ -46,7 +49,16 @@ def not_started(run: Any, now_ns: int, stall_s: float, no_progress_s: float) -> 
             continue
         state = "alive, heartbeating" if proc.last_heartbeat else "no heartbeat"
         peers = f"; {len(started)} of {len(ranks)} ranks have" if started else ""
-        out.append(Finding("not_started", proc.label, proc.pid, None, age,
-                           f"rank {proc.label} (pid {proc.pid}) was started {age:.0f} s ago and has not reached "
-                           f"its first phase ({state}){peers}", pids=[proc.pid]))
+        out.append(
+            Finding(
+                "not_started",
+                proc.label,
+                proc.pid,
+                None,
+                age,
+                f"rank {proc.label} (pid {proc.pid}) was started {age:.0f} s ago and has not reached "
+                f"its first phase ({state}){peers}",
+                pids=[proc.pid],
+            )
+        )
     return out

@@ -30,19 +30,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import keys, procs
+from . import keys, process_state, procs
 from .redact import redact_text
 from .rundir import STACKS_DIR
 
 log = logging.getLogger("sglang_phasetrace")
 ALLOWED = ("SIGUSR1", "SIGUSR2")  # signals whose default action nobody relies on during init
-_fds: dict[int, int] = {}  # pid -> dump file descriptor (kept open: faulthandler writes to it)
-_said: set[str] = set()
 
 
 def _say_once(message: str) -> None:
-    if message not in _said:
-        _said.add(message)
+    if process_state.say_once(("stacks", message)):
         log.warning("sglang-phasetrace: %s", message)
 
 
@@ -65,8 +62,9 @@ def dump_path(run_dir: Path | str, stem: str) -> Path:
 
 def arm(rt: Any) -> None:
     """Register the dump signal in this process with faulthandler (SGLang does not use it)."""
+    fds = process_state.STATE.stack_fds  # pid -> dump file (kept open: faulthandler writes to it)
     pid = os.getpid()
-    if pid in _fds:
+    if pid in fds:
         return
     try:
         from .files import open_append, private_dir
@@ -78,7 +76,7 @@ def arm(rt: Any) -> None:
         # chain only to a real handler: chaining to SIG_DFL would re-raise it and end the process
         chain = signal.getsignal(sig) not in (signal.SIG_DFL, signal.SIG_IGN, None)
         faulthandler.register(sig, file=fd, all_threads=True, chain=chain)
-        _fds[pid] = fd
+        fds[pid] = fd
     except Exception as exc:
         _say_once(f"stack dumps on request not armed: {exc!r}")
 
@@ -95,7 +93,7 @@ def proc_snapshot(pid: int) -> str:
         try:
             with open(f"{base}/stat", "rb") as f:
                 stat = f.read()
-            name = stat[stat.index(b"(") + 1:stat.rindex(b")")].decode(errors="replace")
+            name = stat[stat.index(b"(") + 1 : stat.rindex(b")")].decode(errors="replace")
             state = stat.rpartition(b")")[2].split()[0].decode()
             with open(f"{base}/wchan") as f:
                 wchan = f.read().strip() or "-"
@@ -112,8 +110,10 @@ def request(pid: int, path: Path, reason: str, wait_s: float = 2.0) -> bool:
     try:
         from .files import open_append
 
-        header = (f"\n=== stacks of pid {pid} requested at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-                  f"{redact_text(reason)} ===\n{proc_snapshot(pid)}\n")
+        header = (
+            f"\n=== stacks of pid {pid} requested at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+            f"{redact_text(reason)} ===\n{proc_snapshot(pid)}\n"
+        )
         fd = open_append(path)
         try:
             os.write(fd, header.encode("utf-8", "replace"))

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import keys, postmortem, procs, runtime, spawned, stacks
+from . import keys, metrics, postmortem, process_state, procs, records, runtime, spawned, stacks
 from .diagnose import Finding, Thresholds, analyze
 from .redact import redact_text
 from .rundir import STACKS_DIR, ProcessRec, RunView
@@ -40,11 +40,18 @@ def proven(proc: ProcessRec) -> bool:
 
 
 class Watchdog:
-    def __init__(self, run_dir: Path | str, thresholds: Thresholds | None = None, *,
-                 out: TextIO | None = None, record: Callable[[dict], None] | None = None,
-                 py_spy: bool = True) -> None:
+    def __init__(
+        self,
+        run_dir: Path | str,
+        thresholds: Thresholds | None = None,
+        *,
+        out: TextIO | None = None,
+        record: Callable[[dict], None] | None = None,
+        py_spy: bool = True,
+    ) -> None:
         self.run = RunView(run_dir)
         self.named: set[int] = set()  # pids a verdict has named
+        self.when_ranks_ready: Callable[[], None] | None = None  # called once, when every rank is ready
         stacks.stack_signal()  # a bad setting is said now, once
         self.thresholds = thresholds or Thresholds.from_env()
         self.out = out if out is not None else sys.stderr
@@ -56,6 +63,7 @@ class Watchdog:
         self.lock = threading.Lock()  # one pass at a time (the loop, and last words from a handler)
         self.failed = False
         self.said_root_cause = False
+        self.hints_said: set[str] = set()  # each known-fix hint once per watch, not once per rank
         self.abort_after = _float_env(keys.ENV_ABORT_AFTER)
         self._exporter: Any = None
 
@@ -63,6 +71,10 @@ class Watchdog:
         """One pass: read what is new, analyze, act on findings not reported yet. Returns them."""
         with self.lock:
             self.run.refresh()
+            ranks = self.run.ranks
+            if self.when_ranks_ready is not None and ranks and all(p.ready for p in ranks):
+                done, self.when_ranks_ready = self.when_ranks_ready, None
+                done()
             now_ns = now_ns or time.time_ns()
             self._look_for_exits()
             th = self.thresholds
@@ -70,8 +82,12 @@ class Watchdog:
             findings += spawned.not_started(self.run, now_ns, th.stall_s, th.no_progress_s)
             named = {f.pid for f in findings}
             findings += [f for f in analyze(self.run, now_ns, th, notices=True) if f.pid not in named]
-            new = [f for f in findings if f.key not in self.first_seen
-                   and not (f.kind == "not_started" and f.pid in self.named)]  # named already as stalled
+            metrics.stalled(self.run.path, findings, [p.label for p in self.run.ranks], th.heartbeat_s)  # OTLP
+            new = [
+                f
+                for f in findings
+                if f.key not in self.first_seen and not (f.kind == "not_started" and f.pid in self.named)
+            ]  # named already as stalled
             for finding in new:
                 self.first_seen[finding.key] = time.monotonic()
                 self.named.add(finding.pid)
@@ -89,8 +105,9 @@ class Watchdog:
             ended = procs.child_ended(proc.pid)  # the launcher is the ranks' parent
             self.gone[proc.pid] = ended
             if ended is not None and self.record is not None:
-                self.record({"kind": "exit", "t": time.time_ns(), "pid": proc.pid, "host": proc.host,
-                             "label": proc.label, **ended.record_fields()})
+                self.record(
+                    records.exit(time.time_ns(), proc.pid, proc.host, proc.label, ended.code, ended.signal_name)
+                )
 
     def act(self, finding: Finding) -> None:
         finding.message = redact_text(finding.message)
@@ -103,11 +120,25 @@ class Watchdog:
         if finding.stacks:
             line += f"; stacks: {', '.join(finding.stacks)}"
         print(line, file=self.out, flush=True)
-        record = {"kind": "diagnosis", "t": time.time_ns(), "finding": finding.kind, "label": finding.label,
-                  "pid": finding.pid, "phase": finding.phase, "since_s": round(finding.since_s, 3),
-                  "message": finding.message, "waiting": finding.waiting, "stacks": finding.stacks}
+        from .hints import for_finding
+
+        for hint in (h for h in for_finding(finding, self.run) if h not in self.hints_said):
+            self.hints_said.add(hint)
+            print(f"{PREFIX} {hint}", file=self.out, flush=True)
         if self.record is not None:
-            self.record(record)
+            self.record(
+                records.diagnosis(
+                    time.time_ns(),
+                    finding.kind,
+                    finding.label,
+                    finding.pid,
+                    finding.phase,
+                    round(finding.since_s, 3),
+                    finding.message,
+                    finding.waiting,
+                    finding.stacks,
+                )
+            )
         self._export(finding, involved)
 
     def take_stacks(self, involved: list[ProcessRec], finding: Finding) -> list[str]:
@@ -152,8 +183,10 @@ class Watchdog:
         rt = runtime.current()
         root = rt.root
         if root is not None and root.is_recording():
-            root.add_event("phasetrace.stall", {"phasetrace.finding": finding.kind, "sglang.rank": finding.label,
-                                                 "phasetrace.message": finding.message})
+            root.add_event(
+                keys.STALL_EVENT,
+                {keys.FINDING: finding.kind, keys.RANK_LABEL: finding.label, keys.MESSAGE: finding.message},
+            )
         from . import exporters
 
         if self._exporter is None:
@@ -175,11 +208,19 @@ class Watchdog:
             self.abort_after = None
             launcher = next((p for p in self.run.processes if p.role == "launcher" and proven(p)), None)
             if launcher is None:
-                print(f"{PREFIX} stall persisted; {keys.ENV_ABORT_AFTER} is set but no launcher of this run is "
-                      "running on this host: nothing signalled", file=self.out, flush=True)
+                print(
+                    f"{PREFIX} stall persisted; {keys.ENV_ABORT_AFTER} is set but no launcher of this run is "
+                    "running on this host: nothing signalled",
+                    file=self.out,
+                    flush=True,
+                )
                 return
-            print(f"{PREFIX} stall persisted {f.since_s:.0f} s; sending SIGTERM to the launcher (pid "
-                  f"{launcher.pid}) as {keys.ENV_ABORT_AFTER} asks", file=self.out, flush=True)
+            print(
+                f"{PREFIX} stall persisted {f.since_s:.0f} s; sending SIGTERM to the launcher (pid "
+                f"{launcher.pid}) as {keys.ENV_ABORT_AFTER} asks",
+                file=self.out,
+                flush=True,
+            )
             os.kill(launcher.pid, signal.SIGTERM)
             return
 
@@ -202,16 +243,12 @@ def _float_env(name: str) -> float | None:
         return None
 
 
-_launcher_dog: Watchdog | None = None
-
-
 def start_in_launcher(rt: runtime.Runtime) -> Watchdog | None:
     """Watch this launch from the launching process until it is ready (or exits)."""
-    global _launcher_dog
     if os.environ.get(keys.ENV_WATCHDOG, "1") == "0" or rt.run_dir is None:
         return None
     os.environ[keys.ENV_LAUNCHER] = str(os.getpid())  # ranks spawned from here start tracing at import
-    dog = _launcher_dog = Watchdog(rt.run_dir, record=rt.write)
+    dog = process_state.STATE.launcher_watchdog = Watchdog(rt.run_dir, record=rt.write)
     rt.on_ready.append(dog.stop.set)
     atexit.register(launcher_last_words)  # a launch that ends before ready: its post-mortem
     threading.Thread(target=dog.loop, name="phasetrace-watchdog", daemon=True).start()
@@ -219,8 +256,8 @@ def start_in_launcher(rt: runtime.Runtime) -> Watchdog | None:
 
 
 def launcher_last_words() -> None:
-    """Called as SGLang starts tearing the launch down (see ``patches``): name who ended first."""
-    dog = _launcher_dog
+    """Called as SGLang starts tearing the launch down (``tracing.phases``): name who ended first."""
+    dog = process_state.STATE.launcher_watchdog
     if dog is not None and not dog.stop.is_set():
         dog.stop.set()
         dog.last_words()

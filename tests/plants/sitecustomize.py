@@ -31,6 +31,7 @@ if os.environ.get("PLANT_STALL_TP_RANK"):
 
         module.LlamaForCausalLM.get_embed_and_head = get_embed_and_head
 
+
 if os.environ.get("PLANT_KILL_TP_RANK"):
     import functools
     import signal
@@ -54,6 +55,7 @@ if os.environ.get("PLANT_KILL_TP_RANK"):
             return original(self, *args, **kwargs)
 
         module.DefaultModelLoader.load_model = load_model
+
 
 if os.environ.get("PLANT_HANG_EARLY_TP_RANK"):
     import functools

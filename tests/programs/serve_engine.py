@@ -32,8 +32,9 @@ def main() -> int:
     args = parser.parse_args()
     import sglang
 
-    engine = sglang.Engine(model_path=args.model, device="cpu", tp_size=args.tp, max_total_tokens=4096,
-                           log_level="warning")
+    engine = sglang.Engine(
+        model_path=args.model, device="cpu", tp_size=args.tp, max_total_tokens=4096, log_level="warning"
+    )
     answer(ready=True)
     try:
         for line in sys.stdin:

@@ -20,8 +20,10 @@ Start with:  phasetrace run -- python -m sglang.launch_server --model-path M --t
 
 
 def commands() -> list[Command]:
+    from .bundle import BundleCommand
     from .compare import Compare
     from .doctor import Doctor
+    from .env import Env
     from .export import Export
     from .report import Report
     from .run import Run
@@ -29,7 +31,7 @@ def commands() -> list[Command]:
     from .timeline import Timeline
     from .watch import Watch
 
-    return [Run(), Status(), Watch(), Timeline(), Compare(), Report(), Export(), Doctor()]
+    return [Run(), Status(), Watch(), Timeline(), Compare(), Report(), Export(), BundleCommand(), Doctor(), Env()]
 
 
 def build_parser(verbs: list[Command]) -> argparse.ArgumentParser:

@@ -4,137 +4,43 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import inspect
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 from ..render.doctor_table import doctor_table
+from ..runtime import sglang_version
 from .command import make_console
 
-# Target states: what the patch engine would do with each candidate in this environment.
-USED, FALLBACK, UNUSED, MISSING, NO_MODULE, IMPORT_ERROR, NOT_FUNCTION, RUN_TIME = (
-    "used",
-    "fallback",
-    "unused",
-    "missing",
-    "no module",
-    "import error",
-    "not a function",
-    "run time",
-)
+
+def check_json(plan: Any) -> dict[str, Any]:
+    """One phase of the engine's dry run, as ``doctor --json`` prints it."""
+    phase = plan.phase
+    return {
+        "phase": phase.name,
+        "mode": phase.mode,
+        "required": phase.required,
+        "targets": [asdict(c) for c in plan.candidates],
+        "status": plan.status,
+    }
 
 
-@dataclass
-class TargetCheck:
-    target: str
-    state: str
-    detail: str = ""
+class Check:
+    """What the table shows of a phase (``render.doctor_table``)."""
 
-
-@dataclass
-class PhaseCheck:
-    phase: str
-    mode: str
-    required: bool
-    targets: list[TargetCheck] = field(default_factory=list)
-
-    @property
-    def status(self) -> str:
-        """``ok`` (a target will be wrapped), ``run time`` (model classes), or ``missing``."""
-        states = {t.state for t in self.targets}
-        if USED in states:
-            return "ok"
-        return RUN_TIME if RUN_TIME in states else "missing"
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "status": self.status}
-
-
-class Importer:
-    """Imports each module once; remembers why one could not be imported."""
-
-    def __init__(self) -> None:
-        self.modules: dict[str, Any] = {}
-
-    def get(self, name: str) -> tuple[Any, str]:
-        if name not in self.modules:
-            try:
-                self.modules[name] = (importlib.import_module(name), "")
-            except ModuleNotFoundError as exc:
-                missing = exc.name or name
-                self.modules[name] = (None, f"{NO_MODULE}: {missing}")
-            except Exception as exc:  # SGLang modules can fail to import without a GPU, etc.
-                self.modules[name] = (None, f"{IMPORT_ERROR}: {type(exc).__name__}: {str(exc)[:200]}")
-        return self.modules[name]
-
-
-def _is_function(raw: Any) -> bool:
-    func = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
-    return inspect.isfunction(func)
-
-
-def check_phase(phase: Any, importer: Importer) -> PhaseCheck:
-    from ...patches.engine import resolve
-    from ...patches.spec import split
-
-    check = PhaseCheck(phase.name, phase.mode, phase.required)
-    claimed = False
-    for target in phase.targets:
-        module_name, qualname = split(target)
-        if module_name == "*":
-            check.targets.append(TargetCheck(target, RUN_TIME, "resolved on the model classes loaded at run time"))
-            continue
-        module, why = importer.get(module_name)
-        if module is None:
-            state, _, detail = why.partition(": ")
-            check.targets.append(TargetCheck(target, state, detail))
-            continue
-        found = resolve(module, qualname)
-        if found is None:
-            check.targets.append(TargetCheck(target, MISSING, f"{qualname} not found in {module_name}"))
-        elif not _is_function(found.raw):
-            check.targets.append(TargetCheck(target, NOT_FUNCTION, type(found.raw).__name__))
-        elif phase.mode == "first" and claimed:
-            check.targets.append(TargetCheck(target, FALLBACK, "resolves, but an earlier candidate wins"))
-        else:
-            claimed = True
-            inherited = "" if found.own else f"inherited by {qualname.rsplit('.', 1)[0]}"
-            check.targets.append(TargetCheck(target, USED, inherited))
-    return check
-
-
-def coverage_row(importer: Importer) -> dict[str, str]:
-    """This release's row of docs/coverage.md, from the imported modules (same rules, live)."""
-    from ...patches.coverage import table_row
-    from ...patches.engine import resolve
-    from ...patches.spec import split
-
-    def resolves(target: str) -> bool:
-        module_name, qualname = split(target)
-        module = importer.get(module_name)[0]
-        found = resolve(module, qualname) if module is not None else None
-        return found is not None and _is_function(found.raw)
-
-    return table_row(resolves)
-
-
-def sglang_version() -> str | None:
-    try:
-        from sglang.version import __version__
-
-        return str(__version__)
-    except Exception:
-        return None
+    def __init__(self, plan: Any) -> None:
+        self.phase, self.mode, self.required = plan.phase.name, plan.phase.mode, plan.phase.required
+        self.targets, self.status = plan.candidates, plan.status
 
 
 class Doctor:
     name = "doctor"
     help = "check which patch targets resolve on the installed SGLang, per phase"
     description = """\
-Import every module the phase tables name and resolve each candidate target the way the patch
-engine does. 'first' phases wrap only the first candidate that resolves (later ones are
-fallbacks for other SGLang releases); 'all' phases wrap every candidate that resolves.
+Ask the patch engine for a dry run: it imports every module the phase tables name and resolves
+each candidate target as it would at run time, patching nothing. 'first' phases wrap only the
+first candidate that resolves (later ones are fallbacks for other SGLang releases); 'all' phases
+wrap every candidate that resolves.
 Targets written '*:attr' are looked up on the model classes loaded at run time, so they cannot
 be checked here. Exits 1 when a required phase resolves nowhere (tracing would miss it).
 
@@ -146,19 +52,24 @@ be checked here. Exits 1 when a required phase resolves nowhere (tracing would m
         parser.add_argument("--all", action="store_true", help="list every candidate target, not only problems")
 
     def run(self, args: argparse.Namespace) -> int:
-        from ... import patches
+        from ... import patches  # doctor is where the CLI meets the patch tables: it asks the engine
 
-        importer = Importer()
-        checks = [check_phase(p, importer) for p in (*patches.PHASES, *patches.MODEL_PHASES)]
+        plans = patches.dry_run()
+        covered = {p.name for p in patches.table_phases()}
+        row = {plan.phase.name: plan.cell for plan in plans if plan.phase.name in covered}
+        checks = [Check(plan) for plan in plans]
+        try:
+            importlib.import_module("sglang.version")
+        except Exception:  # not installed: the table says so
+            pass
         version = sglang_version()
         broken = [c for c in checks if c.required and c.status == "missing"]
-        row = coverage_row(importer)
         if args.json:
             print(
                 json.dumps(
                     {
                         "sglang": version,
-                        "phases": [c.to_json() for c in checks],
+                        "phases": [check_json(plan) for plan in plans],
                         "missing_required": [c.phase for c in broken],
                         "coverage_row": row,
                     },
@@ -184,7 +95,7 @@ be checked here. Exits 1 when a required phase resolves nowhere (tracing would m
                 + "  ".join(f"{phase} {cell}" for phase, cell in row.items()),
                 soft_wrap=False,
             )
-            if any(c.status == RUN_TIME for c in checks):
+            if any(c.status == "run time" for c in checks):
                 console.print(
                     "'run time': '*:attr' targets are resolved on the model classes SGLang loads at "
                     "run time (any architecture); they cannot be checked before a start."

@@ -8,14 +8,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from ..diagnose import Finding
 from ..render.jaeger import to_jaeger
 from ..render.jsonout import dumps
 from ..render.lanes import Layout, layout
 from ..render.otlp_json import to_otlp_json
 from ..render.perfetto import to_perfetto
 from .command import CommandError, open_run, write_output
+from .findings import findings
 
-FORMATS: dict[str, Callable[[Layout], dict[str, Any]]] = {
+FORMATS: dict[str, Callable[..., dict[str, Any]]] = {
     "jaeger": to_jaeger,
     "otlp-json": to_otlp_json,
     "perfetto": to_perfetto,
@@ -23,8 +25,11 @@ FORMATS: dict[str, Callable[[Layout], dict[str, Any]]] = {
 BATCH = 512  # spans per OTLP request: well under a collector's default 4 MiB message limit
 
 
-def export_file(lay: Layout, fmt: str, output: str | None) -> None:
-    write_output(dumps(FORMATS[fmt](lay)), output)
+def export_file(lay: Layout, fmt: str, output: str | None, found: list[Finding] | None = None) -> None:
+    """The verdict's culprit phase is flagged; ``found`` defaults to the verdicts at the run's last
+    record (like the report: an old run is not judged by today's clock)."""
+    found = findings(lay.run, lay.end) if found is None else found
+    write_output(dumps(FORMATS[fmt](lay, found)), output)
 
 
 def send(lay: Layout, endpoint: str, protocol: str, headers: dict[str, str], timeout: float) -> int:
@@ -45,7 +50,7 @@ def send(lay: Layout, endpoint: str, protocol: str, headers: dict[str, str], tim
         exporter = OTLPSpanExporter(endpoint=url._replace(path=path).geturl(), headers=headers, timeout=timeout)
     from opentelemetry.sdk.trace.export import SpanExportResult
 
-    spans = to_sdk_spans(lay)
+    spans = to_sdk_spans(lay, findings(lay.run, lay.end))
     try:
         for i in range(0, len(spans), BATCH):
             if exporter.export(spans[i : i + BATCH]) is not SpanExportResult.SUCCESS:
@@ -64,7 +69,10 @@ Files:
   jaeger     Jaeger UI upload (Search → "JSON File"): one Jaeger process per rank
   otlp-json  OTLP/JSON, as POST /v1/traces accepts it (any OpenTelemetry collector)
   perfetto   Chrome trace-event JSON for ui.perfetto.dev or chrome://tracing: one track per rank
-Phases that never ended are marked (open / "did not end") rather than dropped.
+Phases that never ended are marked (open / "did not end") rather than dropped. The verdict's
+culprit (the phase a stalled, dead or failed rank is in; that rank only) is flagged: Jaeger
+error=true + phasetrace.verdict, OTLP status ERROR, Perfetto "⚠ STALL <phase>"; peers that wait
+for it carry phasetrace.waiting_for.
 
   phasetrace export RUN_DIR --format perfetto -o startup.json
   phasetrace export RUN_DIR --endpoint http://localhost:4318            # OTLP/HTTP to a collector

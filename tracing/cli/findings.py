@@ -1,12 +1,17 @@
-"""The stalls to show for a run: the watchdog's diagnosis records that still hold, else a fresh
-``diagnose.analyze`` — so ``status``, ``report`` and ``run`` give one verdict per rank."""
+"""The verdicts on a run, root cause first: the watchdog's diagnosis records that still hold, ranks
+that died, failed or never started (``postmortem``, ``spawned``), then a fresh ``diagnose.analyze``
+— so ``status``, ``report``, the exports and ``run`` give one verdict per rank, in one order."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from .. import postmortem, procs, spawned
 from ..diagnose import Finding, Thresholds, analyze
 from ..rundir import ProcessRec, RunView
+
+NS = 1_000_000_000
+ENDED = ("died", "failed")  # kinds that do not un-happen
 
 
 def from_record(record: dict[str, Any]) -> Finding:
@@ -26,37 +31,101 @@ def from_record(record: dict[str, Any]) -> Finding:
 
 
 def process_of(run: RunView, finding: Finding) -> ProcessRec | None:
-    procs = run.processes
-    return next((p for p in procs if finding.pid and p.pid == finding.pid), None) or next(
-        (p for p in procs if finding.label and p.label == finding.label), None
+    procs_ = run.processes
+    return next((p for p in procs_ if finding.pid and p.pid == finding.pid), None) or next(
+        (p for p in procs_ if finding.label and p.label == finding.label), None
     )
 
 
 def _holds(run: RunView, finding: Finding) -> bool:
-    """A recorded stall holds while its rank has not moved on (not ready, still in that phase)."""
+    """A recorded verdict holds while its rank has not moved on: not ready, and the phase it names
+    not ended well since (a phase ended *incomplete*, by the process's exit, did not move on)."""
     proc = process_of(run, finding)
-    if proc is None:
+    if proc is None or finding.kind in ENDED:
         return True
     if proc.ready:
         return False
-    open_phases = {s.phase for s in proc.open_spans}
-    return finding.phase is None or finding.phase in open_phases
+    if finding.kind == "not_started":
+        return not proc.spans
+    spans = [s for s in proc.spans.values() if s.phase == finding.phase]
+    return finding.phase is None or not spans or spans[-1].status != "ok"
 
 
-def findings(run: RunView, now_ns: int, thresholds: Thresholds | None = None) -> list[Finding]:
-    """Recorded diagnoses that still hold (latest per rank), then live analysis of other ranks."""
-    latest: dict[tuple[int, str], Finding] = {}
+def running(proc: ProcessRec) -> bool:
+    """The journal's process runs on this host now (the same process, where its start is recorded)."""
+    return (
+        proc.host == procs.this_host()
+        and procs.alive(proc.pid)
+        and (proc.start_ticks is None or procs.same_process(proc.pid, proc.host, proc.start_ticks, proc.boot_id))
+    )
+
+
+def gone_ranks(run: RunView) -> dict[int, procs.Ended | None]:
+    """Rank processes of this host that are no longer running though not ready (how they ended is
+    known only to their parent: None), for ``postmortem``. Ranks of other hosts: never guessed."""
+    return {
+        p.pid: None
+        for p in run.ranks
+        if not p.ready and p.exit is None and p.host == procs.this_host() and not running(p)
+    }
+
+
+def recorded(run: RunView) -> set[tuple[int, str]]:
+    """(pid, verdict word) of every diagnosis some process of the run recorded: already said."""
+    from ..watchdog import VERDICT
+
+    out = set()
+    for proc in run.processes:
+        for record in proc.diagnoses:
+            f = from_record(record)
+            if f.alarm:
+                out.add((f.pid, VERDICT.get(f.kind, "STALL")))
+    return out
+
+
+def findings(
+    run: RunView,
+    now_ns: int,
+    thresholds: Thresholds | None = None,
+    gone: dict[int, procs.Ended | None] | None = None,
+) -> list[Finding]:
+    """One finding per rank, alarms before notices, the alarm that began first (the root cause)
+    first: recorded diagnoses that still hold, ranks that ended during init (``gone``: pids known
+    to be no longer running; exit records and error ends are used in any case), ranks that never
+    reached their first phase, then live analysis of the others."""
+    th = thresholds or Thresholds.from_env()
+    began: dict[int, int] = {}  # id(finding) -> ns: when the trouble began
+    latest: dict[tuple[int, str], tuple[Finding, int]] = {}
     for proc in run.processes:
         for record in sorted(proc.diagnoses, key=lambda r: r["t"]):
             finding = from_record(record)
-            latest[(finding.pid, finding.label)] = finding
-    shown = [f for f in latest.values() if _holds(run, f)]
-    named = {f.pid for f in shown} | {f.label for f in shown}
+            latest[(finding.pid, finding.label)] = (finding, record["t"] - int(finding.since_s * NS))
+    shown: list[Finding] = []
+    for finding, t in latest.values():
+        if _holds(run, finding):
+            shown.append(finding)
+            began[id(finding)] = t
+
+    def add(found: list[Finding], when: dict[int, int] | None = None) -> None:
+        named = {f.pid for f in shown if f.pid} | {f.label for f in shown if f.label}
+        for f in found:
+            if f.pid not in named and f.label not in named:
+                shown.append(f)
+                began[id(f)] = (when or {}).get(f.pid, now_ns - int(f.since_s * NS))
+
     try:
-        live = analyze(run, now_ns, thresholds or Thresholds.from_env())
+        ends = postmortem.endings(run, gone or {})
+        add(postmortem.findings(run, gone or {}), {e.proc.pid: e.t for e in ends})
+        add(spawned.not_started(run, now_ns, th.stall_s, th.no_progress_s))
+        add(analyze(run, now_ns, th))
     except Exception as exc:  # a verdict we cannot compute is said, not fatal
-        live = [Finding("unknown", "", 0, None, 0.0, f"stall analysis failed: {exc!r}")]
-    return shown + [f for f in live if f.pid not in named and f.label not in named]
+        shown.append(Finding("unknown", "", 0, None, 0.0, f"stall analysis failed: {exc!r}"))
+    return sorted(shown, key=lambda f: (not f.alarm, began.get(id(f), now_ns)))
+
+
+def alarms(found: list[Finding]) -> list[Finding]:
+    """The verdicts (not the notices: a busy or progressing rank is not stuck)."""
+    return [f for f in found if f.alarm]
 
 
 def by_process(run: RunView, found: list[Finding]) -> dict[int, Finding]:

@@ -5,15 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..diagnose import Finding
 from ..render.html_report import render_report
 from ..render.lanes import Layout, layout
 from .command import open_run, write_output
 from .findings import by_process, findings
 
 
-def write_report(lay: Layout, output: str) -> None:
-    """Judged at the run's last record, so an old finished run is not called silent today."""
-    found = findings(lay.run, lay.end)
+def write_report(lay: Layout, output: str, found: list[Finding] | None = None) -> None:
+    """Judged at the run's last record (unless ``found`` is given), so an old finished run is not
+    called silent today."""
+    found = findings(lay.run, lay.end) if found is None else found
     write_output(render_report(lay, found, by_process(lay.run, found)), output)
 
 
@@ -23,9 +25,10 @@ class Report:
     help = "one self-contained HTML page: verdict, stall diagnosis and stacks, timeline, compare"
     description = """\
 Write a single HTML file (no network needed to view it) showing at a glance which rank stopped
-and where: the verdict, the watchdog's diagnosis with the stack dumps, errors with their
-tracebacks, one timeline lane per process (nested phases, hover for attributes) and the
-per-phase comparison across ranks.
+and where: its first line is the verdict (as the watchdog says it: STALL, DIED, FAILED, NOT
+STARTED, with rank, phase, for how long, what it is doing, who waits on what), then the diagnosis
+with the culprit's stack dump, errors with their tracebacks, one timeline lane per process
+(nested phases, hover for attributes) and the per-phase comparison across ranks.
 
   phasetrace report RUN_DIR -o startup.html && xdg-open startup.html"""
 

@@ -1,4 +1,12 @@
-"""``phasetrace run -- <command…>``: trace any SGLang launch, watch it start, summarise it."""
+"""``phasetrace run -- <command…>``: trace any SGLang launch, watch it start, summarise it.
+
+One voice: a verdict (STALL, DIED, FAILED, NOT STARTED, ROOT CAUSE) is printed once, in the
+watchdog's words and prefix, by whoever watches. While a traced launcher with its watchdog runs,
+the launcher says them (each is a ``diagnosis`` record in its journal) and ``phasetrace run`` prints
+only its summary after them; what no process of the run recorded, ``phasetrace run`` says itself —
+at once when no launcher watches, or at the end when the launcher died before its last words
+(SIGKILL, the OOM killer). Its own informational lines keep the ``phasetrace:`` prefix.
+"""
 
 from __future__ import annotations
 
@@ -13,23 +21,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import files, keys
+from .. import files, hints, keys, postmortem, procs, records
+from ..diagnose import Finding
+from ..journal import JournalWriter
+from ..redact import redact_text
+from ..render import verdict
 from ..render.lanes import Layout, layout
 from ..render.run_text import status_line, summary
+from ..render.term import clean
 from ..render.verdict import rank_lanes
-from ..rundir import RunView
+from ..rundir import JOURNAL_DIR, RunView
+from ..watchdog import PREFIX
 from .command import CommandError, report_problems, where
+from .env import hooks_dir
 from .export import export_file
-from .findings import by_process, findings
+from .findings import ENDED, alarms, by_process, findings, gone_ranks, recorded, running
 from .report import write_report
 
 EXPORTS = ("jaeger", "perfetto")
-
-
-def hooks_dir() -> Path:
-    from ... import sitecustomize_hooks
-
-    return Path(sitecustomize_hooks.__file__).resolve().parent
 
 
 def new_run_dir(base: str | None) -> Path:
@@ -66,6 +75,7 @@ class Forwarding:
     def __init__(self, child: subprocess.Popen) -> None:
         self.child = child
         self.previous: dict[int, Any] = {}
+        self.requested = False  # someone asked the command to stop: ranks ending now are not news
 
     def __enter__(self) -> Forwarding:
         for sig in FORWARDED:
@@ -81,6 +91,7 @@ class Forwarding:
             signal.signal(sig, previous)
 
     def forward(self, signum: int, frame: Any) -> None:
+        self.requested = True
         if signum == signal.SIGINT and _terminal_sent_both():
             return
         with contextlib.suppress(OSError):  # already gone
@@ -104,6 +115,17 @@ def wait(child: subprocess.Popen) -> int:
             continue
 
 
+def ended(rc: int) -> str:
+    """``exited with 3``, ``was killed by SIGKILL (exit status 137)``."""
+    if rc >= 0:
+        return f"exited with {rc}"
+    try:
+        name = signal.Signals(-rc).name
+    except ValueError:
+        name = f"signal {-rc}"
+    return f"was killed by {name} (exit status {128 - rc})"
+
+
 def milestone(lay: Layout, stalled: bool) -> str | None:
     """``stalled``, ``failed``, ``ready`` (every rank and the launcher), or None while starting."""
     if stalled:
@@ -113,7 +135,7 @@ def milestone(lay: Layout, stalled: bool) -> str | None:
         return "failed"
     launchers = [lane for lane in lay.lanes if lane.proc.role == "launcher"]
     launched = all(
-        lane.state == "ready" or any(b.span.phase == "server.wait_ready" and b.span.status == "ok" for b in lane.bars)
+        lane.state == "ready" or any(b.span.phase in keys.READY_PHASES and b.span.status == "ok" for b in lane.bars)
         for lane in launchers
     )
     return "ready" if ranks and launched and all(lane.state == "ready" for lane in ranks) else None
@@ -176,6 +198,7 @@ Returns the command's exit code.
         run_dir = make_run_dir(args.dir)
         env = dict(os.environ)
         env[keys.ENV_RUN_DIR] = str(run_dir)
+        self.launcher_watches = env.get(keys.ENV_WATCHDOG, "1") != "0"  # the launcher's watchdog is on
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hooks_dir()), env.get("PYTHONPATH", "")) if p)
         print(f"phasetrace: tracing into {run_dir}", file=sys.stderr, flush=True)
         try:
@@ -183,7 +206,7 @@ Returns the command's exit code.
         except OSError as exc:
             run_dir.rmdir()  # empty: nothing ran
             raise CommandError(f"cannot start {command[0]}: {exc.strerror or exc}", 127) from None
-        with Forwarding(child):
+        with Forwarding(child) as self.forwarding:
             try:
                 self.watch(child, RunView(run_dir), LiveLine(not args.quiet), args.interval)
             finally:  # whatever happened in here, the command is never left behind unsupervised
@@ -195,6 +218,10 @@ Returns the command's exit code.
         of ours in here is said once and the live view stops; the command is still waited for."""
         self.said: set[str] = set()  # journal problems already reported
         self.failures: set[str] = set()
+        self.spoken: set[tuple[int, str]] = set()  # (pid, verdict word) this process printed
+        self.launcher_watches = getattr(self, "launcher_watches", True)
+        self.journal: JournalWriter | None = None  # where this process records what it says
+        self.journal_failed = False
         self.child, self.line = child, line
         reported: str | None = None
         live = True
@@ -220,7 +247,9 @@ Returns the command's exit code.
     def step(self, view: RunView, line: LiveLine, reported: str | None) -> str | None:
         """One refresh of the live line; the summary when a milestone is reached. Returns the
         latest milestone reported."""
-        lay, found = self.look(view)
+        view.refresh()
+        defer = self.launcher_speaks(view)
+        lay, found = self.look(view, gone={} if defer or self.stopping else gone_ranks(view))
         if not lay.lanes:
             return reported
         verdicts = by_process(view, found)
@@ -228,7 +257,9 @@ Returns the command's exit code.
             status_line(lay, verdicts),
             [(lane.label, lane.state, lane.where and lane.where.key) for lane in rank_lanes(lay)],
         )
-        reached = milestone(lay, bool(found))
+        if self.speak(view, found, defer):  # the launcher is about to say it: the summary comes after
+            return reported
+        reached = milestone(lay, bool(alarms(found)))
         if reached is not None and reached != reported:
             line.clear()
             self.finish(lay, found)
@@ -236,8 +267,20 @@ Returns the command's exit code.
         return reported
 
     def wrap_up(self, view: RunView, rc: int, reported: str | None) -> None:
+        """The final view. Verdicts nobody said are said now (the launcher may have died before its
+        last words), the root cause with them; then the summary and the files."""
         view.refresh(final=True)
-        lay, found = self.look(view, final=True)
+        last_words = self.launcher_said_last_words(view)
+        gone = {} if last_words or self.stopping else gone_ranks(view)
+        lay, found = self.look(view, final=True, gone=gone)
+        self.speak(view, found, defer=False)
+        first = alarms(found)[:1]
+        if not last_words and first and first[0].kind in ENDED:  # a stall said earlier is the root cause
+            text = postmortem.root_cause_line(view, gone)
+            if text is not None:
+                print(clean(f"{PREFIX} {redact_text(text)}"), file=sys.stderr, flush=True)
+        if self.journal is not None:
+            self.journal.close()
         if not lay.lanes:
             print(
                 f"phasetrace: the command exited {rc} and no traced process wrote to {view.path} "
@@ -245,13 +288,11 @@ Returns the command's exit code.
                 file=sys.stderr,
             )
         elif reported is None:
-            print(f"phasetrace: the command exited with {rc}", file=sys.stderr)
+            print(f"phasetrace: the command {ended(rc)}", file=sys.stderr)
             self.finish(lay, found)
         else:  # the summary was printed at the milestone; bring the files up to the final state
             self.finish(lay, found, quiet=True)
-            print(
-                f"phasetrace: the command exited with {rc}; report and exports updated in {view.path}", file=sys.stderr
-            )
+            print(f"phasetrace: the command {ended(rc)}; report and exports updated in {view.path}", file=sys.stderr)
 
     def failed(self, what: str, exc: Exception) -> None:
         """Say once that our own code failed (if stderr still takes it); the command runs on regardless."""
@@ -265,12 +306,88 @@ Returns the command's exit code.
             print(f"phasetrace: internal error in {what}: {text}{still}; please report it", file=sys.stderr, flush=True)
 
     @staticmethod
-    def look(view: RunView, final: bool = False) -> tuple[Layout, list[Any]]:
-        if not final:
-            view.refresh()
+    def look(view: RunView, final: bool = False, gone: dict[int, Any] | None = None) -> tuple[Layout, list[Any]]:
         now = None if final else time.time_ns()
         lay = layout(view, now)
-        return lay, findings(view, lay.end)
+        return lay, findings(view, lay.end, gone=gone)
+
+    @property
+    def stopping(self) -> bool:
+        """A stop was asked for (signal to us, Ctrl-C): ranks that end now end because of it."""
+        forwarding = getattr(self, "forwarding", None)
+        return bool(forwarding and forwarding.requested)
+
+    def launcher_speaks(self, view: RunView) -> bool:
+        """A traced launcher of this run is running with its watchdog, which says the verdicts."""
+        return self.launcher_watches and any(
+            p.role == "launcher" and not p.ready and running(p) for p in view.processes
+        )
+
+    def launcher_said_last_words(self, view: RunView) -> bool:
+        """A launcher with its watchdog reached its last words (SGLang's teardown, or its exit),
+        where it names the dead ranks and the root cause; one killed outright did not."""
+        return self.launcher_watches and any(
+            p.role == "launcher"
+            and (
+                (p.root is not None and p.root.status != "open")
+                or any(s.phase == "launch.teardown" for s in p.spans.values())
+            )
+            for p in view.processes
+        )
+
+    def speak(self, view: RunView, found: list[Finding], defer: bool) -> bool:
+        """Print each verdict no process of the run recorded and this one has not printed, as the
+        watchdog prints it. With ``defer`` (a launcher's watchdog will say it) print nothing and
+        return whether some verdict is still unsaid."""
+        said = recorded(view) | self.spoken
+        unsaid = [f for f in alarms(found) if f.kind != "unknown" and (f.pid, verdict.word(f)) not in said]
+        if defer or not unsaid:
+            return bool(unsaid)
+        self.line.clear()
+        for f in unsaid:
+            self.spoken.add((f.pid, verdict.word(f)))
+            print(clean(verdict.said(f)), file=sys.stderr, flush=True)
+            for hint in hints.for_finding(f, view):  # a known fix, after the verdict, never as one
+                print(clean(f"{PREFIX} {hint}"), file=sys.stderr, flush=True)
+            self.record(view, f)
+        return False
+
+    def record(self, view: RunView, finding: Finding) -> None:
+        """A ``diagnosis`` record in this process's own journal of the run, as the watchdog writes
+        one: the report and later readers keep the verdict once the ranks are gone, and nobody
+        says it again. A run directory we cannot write: said once, the verdict is printed anyway."""
+        if self.journal is None and not self.journal_failed:
+            host, pid = procs.this_host(), os.getpid()
+            path = view.path / JOURNAL_DIR / f"run-{host}-{pid}.jsonl"
+            try:
+                self.journal = JournalWriter(path)
+                self.journal.write_or_raise(
+                    records.process(
+                        time.time_ns(), pid, os.getppid(), host, view.run_id, None, {}, **procs.fingerprint()
+                    )
+                )
+                self.journal.write(records.identity(time.time_ns(), "phasetrace-run", "watchdog", {}))
+            except OSError as exc:
+                self.journal_failed = True
+                print(
+                    f"phasetrace: cannot record verdicts in {path} ({exc.strerror or exc}); they are printed here only",
+                    file=sys.stderr,
+                )
+                return
+        if self.journal is not None:
+            self.journal.write(
+                records.diagnosis(
+                    time.time_ns(),
+                    finding.kind,
+                    finding.label,
+                    finding.pid,
+                    finding.phase,
+                    round(finding.since_s, 3),
+                    redact_text(finding.message),
+                    finding.waiting,
+                    finding.stacks,
+                )
+            )
 
     def finish(self, lay: Layout, found: list[Any], quiet: bool = False) -> None:
         """Print the summary; write the report and exports; print their paths."""
@@ -281,9 +398,10 @@ Returns the command's exit code.
             except Exception as exc:  # the files below are still written
                 self.failed("the summary", exc)
             report_problems(lay.run, self.said)
-        outputs = [("report", lay.run.path / "report.html", lambda p: write_report(lay, str(p)))]
+        outputs = [("report", lay.run.path / "report.html", lambda p: write_report(lay, str(p), found))]
         outputs += [
-            (fmt, lay.run.path / f"export-{fmt}.json", lambda p, f=fmt: export_file(lay, f, str(p))) for fmt in EXPORTS
+            (fmt, lay.run.path / f"export-{fmt}.json", lambda p, f=fmt: export_file(lay, f, str(p), found))
+            for fmt in EXPORTS
         ]
         for name, path, write in outputs:
             try:

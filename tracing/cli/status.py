@@ -18,12 +18,15 @@ from ..render.status_table import StatusRow, status_rows, status_table, verdict_
 from ..render.term import text
 from ..rundir import RunView
 from .command import EXIT_FAILED, EXIT_STALLED, check_run_dir, make_console, report_problems
-from .findings import by_process, findings
+from .findings import ENDED, alarms, by_process, findings, gone_ranks
 
 
 def exit_code(rows: list[StatusRow], found: list[Finding]) -> int:
-    if found:  # a stalled rank, or a stall no single rank explains (divergence, no progress)
-        return EXIT_STALLED
+    """The first verdict decides (root cause first): a rank that died or failed, else a stall
+    (a rank, or a stall no single rank explains: divergence, no progress). Notices do not count."""
+    verdicts = alarms(found)
+    if verdicts:
+        return EXIT_FAILED if verdicts[0].kind in ENDED else EXIT_STALLED
     if any(r.state in ("failed", "incomplete", "gone") for r in rows):
         return EXIT_FAILED
     return 0
@@ -31,7 +34,7 @@ def exit_code(rows: list[StatusRow], found: list[Finding]) -> int:
 
 def finished(rows: list[StatusRow]) -> bool:
     """Nothing will change any more: every process ready, failed or gone."""
-    return bool(rows) and all(r.state in ("ready", "failed", "incomplete", "gone", "exited") for r in rows)
+    return bool(rows) and all(r.state in ("ready", "failed", "incomplete", "gone", "exited", "died") for r in rows)
 
 
 class Status:
@@ -72,12 +75,12 @@ failed, so scripts can poll it:
         thresholds = Thresholds.from_env()
         if args.silent_after is not None:
             thresholds = dataclasses.replace(thresholds, silent_s=args.silent_after)
-        found = findings(view, now, thresholds)
+        found = findings(view, now, thresholds, gone=gone_ranks(view))
         here = socket.gethostname()
         alive = {p.pid: psutil.pid_exists(p.pid) for p in view.processes if p.host == here}
         rows = status_rows(lay, now, by_process(view, found), alive)
         report_problems(view, said)  # the journals' and the status files' (read by the rows)
-        unnamed = [f for f in found if f.pid not in {r.pid for r in rows if r.state == "stalled"}]
+        unnamed = [f for f in found if f.pid not in {r.pid for r in rows if r.verdict}]
         extra = [text(f"{f.kind}: {f.message}", style="red") for f in unnamed]
         table = status_table(rows, f"{view.run_id}  ({len(rows)} processes)")
         return rows, found, Group(table, *verdict_lines(rows), *extra)

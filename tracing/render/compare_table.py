@@ -29,10 +29,16 @@ def ranks_table(stats: list[PhaseStat], title: str, limit: int | None = None) ->
         table.add_column(name, justify="left" if name in ("phase", "slowest", "fastest") else "right", no_wrap=True)
     for s in stats[:limit]:
         several = len(s.per_rank) > 1
-        table.add_row(text(s.key + (f" x{s.count}" if s.count > 1 else "")), str(len(s.per_rank)),
-                      duration(s.min), duration(s.median), duration(s.max) + _open_mark(s),
-                      Text(_skew(s), style="bold" if several and s.skew > 0.1 * s.max else ""),
-                      text(s.slowest if several else ""), text(s.fastest if several else ""))
+        table.add_row(
+            text(s.key + (f" x{s.count}" if s.count > 1 else "")),
+            str(len(s.per_rank)),
+            duration(s.min),
+            duration(s.median),
+            duration(s.max) + _open_mark(s),
+            Text(_skew(s), style="bold" if several and s.skew > 0.1 * s.max else ""),
+            text(s.slowest if several else ""),
+            text(s.fastest if several else ""),
+        )
     return table
 
 
@@ -46,8 +52,12 @@ def runs_table(deltas: list[PhaseDelta], title: str, limit: int | None = None) -
         change = d.delta
         style = "" if change is None else ("red" if change > 0 else "green")
         table.add_row(
-            text(d.key), duration(d.a.max) + _open_mark(d.a) if d.a else "—",
-            duration(d.b.max) + _open_mark(d.b) if d.b else "—", Text(signed(change), style=style),
+            text(d.key),
+            duration(d.a.max) + _open_mark(d.a) if d.a else "—",
+            duration(d.b.max) + _open_mark(d.b) if d.b else "—",
+            Text(signed(change), style=style),
             f"{j['delta_pct']:+.0f}%" if j["delta_pct"] is not None else "",
-            _skew(d.a), _skew(d.b))
+            _skew(d.a),
+            _skew(d.b),
+        )
     return table

@@ -25,8 +25,12 @@ def doctor_table(checks: list[Any], title: str, every_target: bool = False) -> T
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for name in ("phase", "mode", "required", "status", "target", "state", "detail"):
         wide = name in ("target", "detail")
-        table.add_column(name, no_wrap=not wide, overflow="fold" if wide else "ellipsis",
-                         min_width=None if wide else len(name) if name != "phase" else 30)
+        table.add_column(
+            name,
+            no_wrap=not wide,
+            overflow="fold" if wide else "ellipsis",
+            min_width=None if wide else len(name) if name != "phase" else 30,
+        )
     for check in checks:
         status_style = STATUS_STYLE.get(check.status, "")
         if check.status == "missing" and not check.required:
@@ -38,8 +42,12 @@ def doctor_table(checks: list[Any], title: str, every_target: bool = False) -> T
             if n == 0 and not every_target and wrapped > 1:
                 detail = f"+{wrapped - 1} more wrapped (--all lists them)"
             table.add_row(
-                Text(check.phase if n == 0 else ""), check.mode if n == 0 else "",
+                Text(check.phase if n == 0 else ""),
+                check.mode if n == 0 else "",
                 ("yes" if check.required else "") if n == 0 else "",
-                Text(check.status if n == 0 else "", style=status_style), Text(t.target),
-                Text(t.state, style="" if t.state in ("used", "run time", "fallback") else "red"), Text(detail))
+                Text(check.status if n == 0 else "", style=status_style),
+                Text(t.target),
+                Text(t.state, style="" if t.state in ("used", "run time", "fallback") else "red"),
+                Text(detail),
+            )
     return table

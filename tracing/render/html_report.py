@@ -1,6 +1,10 @@
 """One self-contained HTML report of a run: verdict, stall diagnosis with stacks, per-rank
 timeline, compare table. No network: styles and script are inline, the data is embedded JSON.
 
+Its first line is the verdict, in the watchdog's words (``STALL rank tp1 (pid …) is blocked in
+'x' for 34 s (…): tp0 waits in barrier #3 …``); the diagnosis under it shows each named rank's
+stack dump, open, and a failed phase without a recorded traceback shows the rank's dump instead.
+
 The verdict, diagnosis, errors and table are plain HTML (readable with scripts off); the timeline
 lanes are drawn by a small inline script from the embedded data, so a 1000-rank run stays a
 few MB instead of one element per span in the file.
@@ -29,7 +33,7 @@ from .jsonout import dumps
 from .lanes import Layout
 from .phase_stats import PhaseStat, within_run
 from .units import duration
-from .verdict import headline
+from .verdict import headline, state, word
 
 MAX_VALUE = 240  # characters of an attribute value shown on hover
 MAX_STACK = 256 * 1024  # bytes of one stack file embedded (its latest dumps: the end of the file)
@@ -81,26 +85,57 @@ def timeline_data(lay: Layout, stats: dict[str, PhaseStat], verdicts: dict[int, 
             shown = s.attrs
             if s.error:
                 shown = {**shown, "error": f"{s.error.get('type') or ''} {s.error.get('message') or ''}".strip()}
-            flags = (OPEN if bar.open else 0) | (ERROR if s.status == "error" else 0) | \
-                (INCOMPLETE if s.status == "incomplete" else 0) | (SLOWEST if slowest.get(bar.key) == lane.label else 0)
+            flags = (
+                (OPEN if bar.open else 0)
+                | (ERROR if s.status == "error" else 0)
+                | (INCOMPLETE if s.status == "incomplete" else 0)
+                | (SLOWEST if slowest.get(bar.key) == lane.label else 0)
+            )
             attr_index = attrs.add(_attrs_key(shown), lambda a=shown: {k: _short(v) for k, v in a.items()})
-            bars.append([round(lay.rel(s.start) * 1e3, 3), round(bar.seconds * 1e3, 3), bar.depth, keys.add(bar.key),
-                         names.add(s.name), attr_index, flags])
+            bars.append(
+                [
+                    round(lay.rel(s.start) * 1e3, 3),
+                    round(bar.seconds * 1e3, 3),
+                    bar.depth,
+                    keys.add(bar.key),
+                    names.add(s.name),
+                    attr_index,
+                    flags,
+                ]
+            )
         finding = verdicts.get(lane.proc.pid)
         where = lane.where
-        lanes.append({"label": lane.label, "pid": lane.proc.pid, "host": lane.proc.host,
-                      "state": "stalled" if finding else lane.state, "where": where.key if where else None,
-                      "where_ms": round(lay.rel(where.span.start) * 1e3, 3) if where else None,
-                      "verdict": f"{finding.kind}: {finding.message}" if finding else None, "bars": bars})
-    return {"total_ms": round(lay.seconds * 1e3, 3), "keys": keys.items, "names": names.items,
-            "attrs": attrs.items, "lanes": lanes}
+        lanes.append(
+            {
+                "label": lane.label,
+                "pid": lane.proc.pid,
+                "host": lane.proc.host,
+                "state": state(finding) if finding else lane.state,
+                "where": where.key if where else None,
+                "where_ms": round(lay.rel(where.span.start) * 1e3, 3) if where else None,
+                "verdict": f"{finding.kind}: {finding.message}" if finding else None,
+                "bars": bars,
+            }
+        )
+    return {
+        "total_ms": round(lay.seconds * 1e3, 3),
+        "keys": keys.items,
+        "names": names.items,
+        "attrs": attrs.items,
+        "lanes": lanes,
+    }
+
+
+_STACK_NAME = re.compile(r"^(?P<host>.+)-(?P<pid>[0-9]+)(?:-py-spy-[0-9]+)?$")  # <host>-<pid>[-py-spy-<time>]
 
 
 def stack_files(lay: Layout, found: list[Finding]) -> list[tuple[str, Path]]:
-    """(rank label, path) of stack dumps: those findings name, then RUN_DIR/stacks/* by pid.
+    """(rank label, path) of stack dumps: those findings name, then RUN_DIR/stacks/* by host and pid
+    (``<host>-<pid>.txt``, ``<host>-<pid>-py-spy-<time>.txt``), newest first per rank.
 
     A finding's name is looked up by its file name in RUN_DIR/stacks/ only (``/etc/passwd`` and
     ``../../token`` are never read; a run directory moved elsewhere still finds its own dumps)."""
+    by_id = {(lane.proc.host, lane.proc.pid): lane.label for lane in lay.lanes}
     by_pid = {lane.proc.pid: lane.label for lane in lay.lanes}
     out: dict[Path, str] = {}
     stacks = lay.run.path / STACKS_DIR
@@ -109,11 +144,29 @@ def stack_files(lay: Layout, found: list[Finding]) -> list[tuple[str, Path]]:
             base = os.path.basename(str(name))
             if base not in ("", ".", ".."):
                 out.setdefault(stacks / base, f.label)
-    for path in sorted(stacks.glob("*.txt")) if stacks.is_dir() and not stacks.is_symlink() else ():
-        pids = [int(p) for p in re.findall(r"(?<![0-9])[0-9]+(?![0-9])", path.stem)]
-        label = next((by_pid[p] for p in pids if p in by_pid), path.stem)
+    listed = sorted(stacks.glob("*.txt")) if stacks.is_dir() and not stacks.is_symlink() else []
+    for path in sorted(listed, key=_mtime, reverse=True):
+        m = _STACK_NAME.match(path.stem)
+        label = (by_id.get((m["host"], int(m["pid"]))) or by_pid.get(int(m["pid"])) if m else None) or path.stem
         out.setdefault(path, label)
     return [(label, path) for path, label in out.items()]
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def rank_stack(lay: Layout, files: list[tuple[str, Path]], label: str) -> tuple[Path, str] | None:
+    """The first non-empty stack dump of ``label`` (the one its finding names, else the newest)."""
+    for name, path in files:
+        if name == label:
+            text = read_stack(lay.run.path, path)
+            if text and text.strip():
+                return path, text
+    return None
 
 
 def read_stack(run_path: Path, path: Path) -> str | None:
@@ -151,30 +204,44 @@ def _esc(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _diagnosis_html(found: list[Finding]) -> str:
+def _stack_html(label: str, path: Path, text: str, opened: bool) -> str:
+    return (
+        f'<details class="stack"{" open" if opened else ""} data-rank="{_esc(label)}"><summary>'
+        f"stacks of {_esc(label)} <code>{_esc(path)}</code></summary><pre>{_esc(text)}</pre></details>"
+    )
+
+
+def _diagnosis_html(lay: Layout, found: list[Finding], files: list[tuple[str, Path]], shown: set[Path]) -> str:
+    """Each verdict (root cause first) with the waiting peers and the named rank's stack, open."""
     parts = []
     for f in found:
         waiting = "".join(f"<tr><td>{_esc(k)}</td><td>{_esc(v)}</td></tr>" for k, v in f.waiting.items())
-        parts.append(f"""<div class="finding" data-rank="{_esc(f.label)}"><h3>{_esc(f.kind)}: {_esc(f.label)}
-{f'in <code>{_esc(f.phase)}</code>' if f.phase else ''} for {_esc(duration(f.since_s))}</h3>
-<p>{_esc(redact_text(f.message))}</p>{f'<table class="waiting"><tr><th>peer</th><th>waits in</th></tr>{waiting}</table>'
-                         if waiting else ''}</div>""")
+        stack = rank_stack(lay, files, f.label) if f.label and f.kind != "failed" else None
+        if stack is not None:
+            shown.add(stack[0])
+        where = f"in <code>{_esc(f.phase)}</code> " if f.phase else ""
+        table = f'<table class="waiting"><tr><th>peer</th><th>waits in</th></tr>{waiting}</table>' if waiting else ""
+        parts.append(f"""<div class="finding" data-rank="{_esc(f.label)}" data-kind="{_esc(f.kind)}">
+<h3>{_esc(word(f))}: {_esc(f.label)} {where}for {_esc(duration(f.since_s))}</h3>
+<p>{_esc(redact_text(f.message))}</p>{table}{_stack_html(f.label, *stack, True) if stack else ""}</div>""")
     return "\n".join(parts)
 
 
-def _stacks_html(lay: Layout, found: list[Finding]) -> str:
-    """Non-empty stack dumps; open when there is a stall to explain."""
+def _stacks_html(lay: Layout, found: list[Finding], files: list[tuple[str, Path]], shown: set[Path]) -> str:
+    """The other non-empty stack dumps (the diagnosis shows the named ranks'); open when there is a
+    stall to explain."""
     parts = []
-    for label, path in stack_files(lay, found):
+    for label, path in files:
+        if path in shown:
+            continue
         text = read_stack(lay.run.path, path)
         if text is None or not text.strip():
             continue
-        parts.append(f'<details class="stack"{" open" if found else ""} data-rank="{_esc(label)}"><summary>'
-                     f'stacks of {_esc(label)} <code>{_esc(path)}</code></summary><pre>{_esc(text)}</pre></details>')
+        parts.append(_stack_html(label, path, text, bool(found)))
     return "\n".join(parts)
 
 
-def _errors_html(lay: Layout) -> str:
+def _errors_html(lay: Layout, files: list[tuple[str, Path]]) -> str:
     rows: list[str] = []
     for lane in sorted(lay.lanes, key=lambda lane: lane.proc.role != "rank"):  # ranks first: the cause
         where = lane.where
@@ -182,9 +249,13 @@ def _errors_html(lay: Layout) -> str:
             continue
         e = where.span.error
         opened = " open" if not rows else ""
+        stack = e.get("stack")
+        if not stack:  # no traceback (ended by a signal, an exit): the rank's stack dump, where one was taken
+            dump = rank_stack(lay, files, lane.label)
+            stack = f"(no traceback recorded; stack dump {dump[0]})\n{dump[1]}" if dump else "(no stack recorded)"
         rows.append(f"""<details class="error"{opened} data-rank="{_esc(lane.label)}"><summary><b>{_esc(lane.label)}</b>
-{_esc(lane.state)} in <code>{_esc(where.key)}</code>: {_esc(e.get('type') or '')} {_esc(e.get('message') or '')}
-</summary><pre>{_esc(e.get('stack') or '(no stack recorded)')}</pre></details>""")
+{_esc(lane.state)} in <code>{_esc(where.key)}</code>: {_esc(e.get("type") or "")} {_esc(e.get("message") or "")}
+</summary><pre>{_esc(stack)}</pre></details>""")
     return "\n".join(rows)
 
 
@@ -192,16 +263,29 @@ def _compare_html(stats: list[PhaseStat]) -> str:
     def row(s: PhaseStat) -> str:
         several = len(s.per_rank) > 1
         opened = " (open)" if s.open else ""
-        cells = (s.key + (f" x{s.count}" if s.count > 1 else ""), len(s.per_rank), duration(s.min),
-                 duration(s.median), duration(s.max) + opened, duration(s.skew) if several else "",
-                 s.slowest if several else "", s.fastest if several else "")
+        cells = (
+            s.key + (f" x{s.count}" if s.count > 1 else ""),
+            len(s.per_rank),
+            duration(s.min),
+            duration(s.median),
+            duration(s.max) + opened,
+            duration(s.skew) if several else "",
+            s.slowest if several else "",
+            s.fastest if several else "",
+        )
         return "<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in cells) + "</tr>"
 
     head = "".join(f"<th>{h}</th>" for h in ("phase", "ranks", "min", "median", "max", "skew", "slowest", "fastest"))
     shown = "".join(row(s) for s in stats[:TABLE_ROWS])
     rest = "".join(row(s) for s in stats[TABLE_ROWS:])
-    more = (f'<tbody class="more"><tr><td colspan="8"><details><summary>{len(stats) - TABLE_ROWS} more phases'
-            f'</summary><table>{rest}</table></details></td></tr></tbody>') if rest else ""
+    more = (
+        (
+            f'<tbody class="more"><tr><td colspan="8"><details><summary>{len(stats) - TABLE_ROWS} more phases'
+            f"</summary><table>{rest}</table></details></td></tr></tbody>"
+        )
+        if rest
+        else ""
+    )
     return f'<table class="compare"><thead><tr>{head}</tr></thead><tbody>{shown}</tbody>{more}</table>'
 
 
@@ -215,20 +299,32 @@ def render_report(lay: Layout, found: list[Finding], verdicts: dict[int, Finding
     stats = within_run(lay)
     verdict_class, verdict = headline(lay, found)
     data = timeline_data(lay, {s.key: s for s in stats}, verdicts)
-    version = next((p.resource.get("sglang.version") for p in lay.run.processes if p.resource.get("sglang.version")),
-                   "")
-    diagnosis = _diagnosis_html(found)
-    stacks = _stacks_html(lay, found)
-    errors = _errors_html(lay)
+    version = next(
+        (p.resource.get("sglang.version") for p in lay.run.processes if p.resource.get("sglang.version")), ""
+    )
+    files = stack_files(lay, found)
+    shown: set[Path] = set()
+    diagnosis = _diagnosis_html(lay, found, files, shown)
+    stacks = _stacks_html(lay, found, files, shown)
+    errors = _errors_html(lay, files)
+    named = [f for f in found if f.alarm]
+    first = f"{word(named[0])} {named[0].label}".strip() if named else verdict.split(" ", 1)[0]
     return PAGE.substitute(
-        title=_esc(f"phasetrace — {lay.run.run_id}"), run=_esc(lay.run.run_id), path=_esc(lay.run.path),
-        version=_esc(version or "?"), processes=len(lay.lanes), total=_esc(duration(lay.seconds)),
-        verdict_class=verdict_class, verdict=_esc(verdict),
-        diagnosis=f'<section id="diagnosis"><h2>Stall diagnosis</h2>{diagnosis}</section>' if diagnosis else "",
+        title=_esc(f"{first} — phasetrace {lay.run.run_id}"),
+        run=_esc(lay.run.run_id),
+        path=_esc(lay.run.path),
+        version=_esc(version or "?"),
+        processes=len(lay.lanes),
+        total=_esc(duration(lay.seconds)),
+        verdict_class=verdict_class,
+        verdict=_esc(verdict),
+        diagnosis=f'<section id="diagnosis"><h2>Diagnosis</h2>{diagnosis}</section>' if diagnosis else "",
         errors=f'<section id="errors"><h2>Errors</h2>{errors}</section>' if errors else "",
         stacks=f'<section id="stacks"><h2>Stack dumps</h2>{stacks}</section>' if stacks else "",
-        compare=_compare_html(stats), problems=_problems_html(lay),
-        data=script_json(data))
+        compare=_compare_html(stats),
+        problems=_problems_html(lay),
+        data=script_json(data),
+    )
 
 
 def script_json(data: Any) -> str:
@@ -245,7 +341,7 @@ body{font:13px/1.4 system-ui,-apple-system,Segoe UI,sans-serif;margin:16px;color
 h1{font-size:18px;margin:0 0 4px}h2{font-size:15px;margin:22px 0 8px;border-bottom:1px solid #ddd}
 code,pre{font:12px ui-monospace,Menlo,Consolas,monospace}
 pre{background:#f6f8fa;padding:8px;overflow:auto;max-height:420px}
-.meta{color:#57606a}.verdict{padding:10px 12px;border-radius:6px;font-weight:600;margin:10px 0}
+.meta{color:#57606a}.verdict{padding:10px 12px;border-radius:6px;font-weight:600;margin:0 0 10px;font-size:15px}
 .verdict.ready{background:#dafbe1}.verdict.running{background:#fff8c5}
 .verdict.stalled,.verdict.failed{background:#ffebe9;color:#82071e;border:1px solid #cf222e}
 .finding{border-left:4px solid #cf222e;padding:2px 10px;margin:8px 0}.finding h3{font-size:14px;margin:4px 0}
@@ -257,8 +353,9 @@ td:first-child,th:first-child{text-align:left}tr:nth-child(even) td{background:#
 .lane .label{width:182px;flex:none;padding:2px 8px 2px 0;font-weight:600;overflow:hidden;text-overflow:ellipsis}
 .lane .label small{display:block;font-weight:400;color:#57606a}
 .lane .track{position:relative;flex:1}
-.lane.stalled,.lane.failed,.lane.incomplete,.lane.gone{background:#ffebe9}
-.lane.stalled .label,.lane.failed .label{color:#cf222e}
+.lane.stalled,.lane.failed,.lane.incomplete,.lane.gone,.lane.died{background:#ffebe9}
+.lane.stalled .label,.lane.failed .label,.lane.died .label{color:#cf222e}
+.finding[data-kind=busy],.finding[data-kind=slow]{border-left-color:#bf8700}
 .bar{position:absolute;height:12px;min-width:1px;border-radius:2px;font-size:10px;line-height:12px;color:#111;
  overflow:hidden;white-space:nowrap;box-sizing:border-box;cursor:default}
 .bar:hover{outline:2px solid #0969da;z-index:2}
@@ -270,9 +367,9 @@ td:first-child,th:first-child{text-align:left}tr:nth-child(even) td{background:#
 #legend span{display:inline-block;margin:2px 10px 2px 0}
 #legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
 </style></head><body>
+<div id="verdict" class="verdict $verdict_class">$verdict</div>
 <h1>SGLang startup — $run</h1>
 <div class="meta"><code>$path</code> · SGLang $version · $processes processes · $total</div>
-<div id="verdict" class="verdict $verdict_class">$verdict</div>
 $diagnosis
 $errors
 $stacks

@@ -2,7 +2,10 @@
 
 Times are microseconds, parents are ``CHILD_OF`` references, and every process of the run is its
 own Jaeger process (service ``<service> <rank>``) so rank rows stay distinguishable. A phase that
-never ended is drawn to the end of the run, tagged ``phasetrace.open`` and carries a warning.
+never ended is drawn to the end of the run, tagged ``phasetrace.open`` and carries a warning. The
+verdict's culprit phase (its rank only) is tagged ``error=true`` (the UI's red mark, seen without
+expanding anything) and ``phasetrace.verdict``; its waiting peers are not errors, they carry
+``phasetrace.waiting_for``.
 """
 
 from __future__ import annotations
@@ -10,9 +13,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..diagnose import Finding
 from .lanes import OPEN_ATTR, Bar, Lane, Layout
+from .verdict import Marks, marks
 
 OPEN_WARNING = "phase did not end: still running, or the process died here"
+VERDICT_ATTR = "phasetrace.verdict"  # on the culprit's phase: the one-line verdict
+WAITING_ATTR = "phasetrace.waiting_for"  # on a waiting peer's open phase: whom it waits for, in what
 
 
 _TYPES = {bool: "bool", int: "int64", float: "float64", str: "string"}
@@ -39,39 +46,70 @@ def _process(lane: Lane) -> dict[str, Any]:
     return {"serviceName": f"{service} {lane.label}", "tags": [tag(k, v) for k, v in attrs.items()]}
 
 
-def _span(bar: Bar, process_id: str) -> dict[str, Any]:
+def _span(bar: Bar, process_id: str, flags: Marks) -> dict[str, Any]:
     s = bar.span
     tags = [tag(k, v) for k, v in s.attrs.items()]
-    tags.append(tag("otel.status_code", {"ok": "OK", "open": "UNSET"}.get(s.status, "ERROR")))
+    verdict = flags.culprit.get(bar.uid)
+    tags.append(tag("otel.status_code", "ERROR" if verdict else {"ok": "OK", "open": "UNSET"}.get(s.status, "ERROR")))
     warnings = None
     if bar.open:
         tags.append(tag(OPEN_ATTR, True))
         warnings = [OPEN_WARNING]
     elif s.status != "ok":
-        tags.append(tag("error", True))
         tags.append(tag("phasetrace.status", s.status))
-    logs = [{"timestamp": e["t"] // 1000, "fields": [tag("event", e.get("name") or "event"),
-                                                       *(tag(k, v) for k, v in (e.get("attrs") or {}).items())]}
-            for e in s.events]
+    if verdict or (s.status != "ok" and not bar.open):
+        tags.append(tag("error", True))
+    if verdict:
+        tags.append(tag(VERDICT_ATTR, verdict))
+        warnings = [verdict, *(warnings or ())]
+    if bar.uid in flags.waiting_for:
+        tags.append(tag(WAITING_ATTR, flags.waiting_for[bar.uid]))
+    logs = [
+        {
+            "timestamp": e["t"] // 1000,
+            "fields": [tag("event", e.get("name") or "event"), *(tag(k, v) for k, v in (e.get("attrs") or {}).items())],
+        }
+        for e in s.events
+    ]
     if s.error:
-        logs.append({"timestamp": (s.end or bar.end) // 1000, "fields": [
-            tag("event", "error"), *(tag(f"error.{k}", v) for k, v in s.error.items() if v is not None)]})
+        logs.append(
+            {
+                "timestamp": (s.end or bar.end) // 1000,
+                "fields": [tag("event", "error"), *(tag(f"error.{k}", v) for k, v in s.error.items() if v is not None)],
+            }
+        )
     parent = bar.parent
-    refs = [{"refType": "CHILD_OF", "traceID": parent.span.trace_id, "spanID": parent.uid}] \
-        if parent is not None and parent.span.trace_id == s.trace_id else []
-    return {"traceID": s.trace_id, "spanID": bar.uid, "operationName": s.name, "references": refs, "flags": 1,
-            "startTime": s.start // 1000, "duration": max(0, bar.end - s.start) // 1000, "tags": tags,
-            "logs": logs, "processID": process_id, "warnings": warnings}
+    refs = (
+        [{"refType": "CHILD_OF", "traceID": parent.span.trace_id, "spanID": parent.uid}]
+        if parent is not None and parent.span.trace_id == s.trace_id
+        else []
+    )
+    return {
+        "traceID": s.trace_id,
+        "spanID": bar.uid,
+        "operationName": s.name,
+        "references": refs,
+        "flags": 1,
+        "startTime": s.start // 1000,
+        "duration": max(0, bar.end - s.start) // 1000,
+        "tags": tags,
+        "logs": logs,
+        "processID": process_id,
+        "warnings": warnings,
+    }
 
 
-def to_jaeger(lay: Layout) -> dict[str, Any]:
+def to_jaeger(lay: Layout, found: list[Finding] | None = None) -> dict[str, Any]:
+    """``found``: the run's verdicts (``cli.findings``), root cause first; its culprit is flagged."""
+    flags = marks(lay, found or [])
     traces: dict[str, dict[str, Any]] = {}
     for lane in lay.lanes:
         process_id = f"p{lane.index + 1}"
         process = _process(lane)
         for bar in lane.bars:
-            trace = traces.setdefault(bar.span.trace_id, {"traceID": bar.span.trace_id, "spans": [],
-                                                          "processes": {}, "warnings": None})
+            trace = traces.setdefault(
+                bar.span.trace_id, {"traceID": bar.span.trace_id, "spans": [], "processes": {}, "warnings": None}
+            )
             trace["processes"][process_id] = process
-            trace["spans"].append(_span(bar, process_id))
+            trace["spans"].append(_span(bar, process_id, flags))
     return {"data": list(traces.values())}

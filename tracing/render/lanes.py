@@ -2,8 +2,9 @@
 
 The terminal timeline, the HTML report, the Jaeger/OTLP/Perfetto exports and the compare tables
 all read this layout, so "open", "depth", "phase key" and the run's time bounds mean the same
-everywhere. Ids are made unique across processes here because forked ranks can draw identical
-span ids (a process-wide ``random.seed`` in the rank also seeds OTel's id generator).
+everywhere. Ids are made unique across processes here: our writer draws span ids from the OS
+(``runtime.PrivateIdGenerator``), but a journal from an older version or written by hand may
+repeat one across processes.
 Attributes, errors and events are redacted here, once for all of them: a journal written by hand
 or by another version may hold what ours never writes.
 """
@@ -15,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from .. import keys
 from ..redact import redact
 from ..rundir import ProcessRec, RunView, SpanRec
 
@@ -56,10 +58,10 @@ def _scrub(span: SpanRec) -> None:
 def phase_key(span: SpanRec) -> str:
     """The phase name, told apart where one rank runs it several ways (draft model, comm group)."""
     attrs = span.attrs
-    phase = attrs.get("sglang.phase") or span.name
-    if attrs.get("sglang.is_draft") is True:
+    phase = attrs.get(keys.PHASE) or span.name
+    if attrs.get(keys.IS_DRAFT) is True:
         return f"{phase} [draft]"
-    group = attrs.get("sglang.group_name")
+    group = attrs.get(keys.GROUP_NAME)
     return f"{phase} [{group}]" if group else phase
 
 
@@ -138,10 +140,14 @@ def _rehash(span_id: str, proc: ProcessRec, taken: set[str]) -> str:
 
 
 def layout(run: RunView, now: int | None = None) -> Layout:
-    """Lay out ``run``; open phases are drawn up to ``now`` (default: the latest record seen)."""
-    procs = run.processes
-    horizon = now if now is not None else max(
-        [p.last_t for p in procs] + [s.end or s.start for p in procs for s in p.spans.values()] or [0])
+    """Lay out ``run``; open phases are drawn up to ``now`` (default: the latest record seen). A
+    watcher's own journal (``phasetrace watch``/``run``: diagnoses, no phases) is not a lane."""
+    procs = [p for p in run.processes if p.spans or p.role != "watchdog"]
+    horizon = (
+        now
+        if now is not None
+        else max([p.last_t for p in procs] + [s.end or s.start for p in procs for s in p.spans.values()] or [0])
+    )
     taken: set[str] = set()
     lanes: list[Lane] = []
     owned: list[dict[str, Bar]] = []

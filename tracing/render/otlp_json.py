@@ -2,7 +2,9 @@
 
 Per the OTLP JSON mapping: ids are hex strings, enums are integers, 64-bit integers are decimal
 strings. One ``resourceSpans`` per process, carrying that process's resource. A phase that never
-ended ends at the run's horizon with status unset and ``phasetrace.open = true``.
+ended ends at the run's horizon with status unset and ``phasetrace.open = true``. The verdict's
+culprit phase (its rank only) has status ERROR with the verdict as message and
+``phasetrace.verdict``; waiting peers keep their status and carry ``phasetrace.waiting_for``.
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..diagnose import Finding
+from .jaeger import VERDICT_ATTR, WAITING_ATTR
 from .lanes import OPEN_ATTR, Bar, Layout
+from .verdict import Marks, marks
 
 SCOPE = {"name": "sglang-phasetrace", "version": "0.1.0"}
 KIND_INTERNAL, STATUS_UNSET, STATUS_OK, STATUS_ERROR = 1, 0, 1, 2
@@ -48,8 +53,10 @@ def _attribute(key: Any, value: Any) -> dict[str, Any]:
 _attrs: dict[tuple, dict[str, Any]] = {}
 
 
-def status(bar: Bar) -> dict[str, Any]:
+def status(bar: Bar, verdict: str | None = None) -> dict[str, Any]:
     s = bar.span
+    if verdict:
+        return {"code": STATUS_ERROR, "message": verdict}
     if s.status == "ok":
         return {"code": STATUS_OK}
     if bar.open:
@@ -58,30 +65,68 @@ def status(bar: Bar) -> dict[str, Any]:
     return {"code": STATUS_ERROR, "message": str(message)}
 
 
-def _span(bar: Bar) -> dict[str, Any]:
+def _span(bar: Bar, flags: Marks) -> dict[str, Any]:
     s = bar.span
     attrs = dict(s.attrs)
     if bar.open:
         attrs[OPEN_ATTR] = True
-    events = [{"timeUnixNano": str(e["t"]), "name": str(e.get("name") or "event"),
-               "attributes": attributes(e.get("attrs") or {})} for e in s.events]
+    verdict = flags.culprit.get(bar.uid)
+    if verdict:
+        attrs[VERDICT_ATTR] = verdict
+    if bar.uid in flags.waiting_for:
+        attrs[WAITING_ATTR] = flags.waiting_for[bar.uid]
+    events = [
+        {
+            "timeUnixNano": str(e["t"]),
+            "name": str(e.get("name") or "event"),
+            "attributes": attributes(e.get("attrs") or {}),
+        }
+        for e in s.events
+    ]
     if s.error:
-        events.append({"timeUnixNano": str(bar.end), "name": "exception", "attributes": attributes(
-            {f"exception.{k}": v for k, v in (("type", s.error.get("type")), ("message", s.error.get("message")),
-                                               ("stacktrace", s.error.get("stack")))})})
-    span = {"traceId": s.trace_id, "spanId": bar.uid, "name": s.name, "kind": KIND_INTERNAL,
-            "startTimeUnixNano": str(s.start), "endTimeUnixNano": str(bar.end), "attributes": attributes(attrs),
-            "events": events, "status": status(bar)}
+        events.append(
+            {
+                "timeUnixNano": str(bar.end),
+                "name": "exception",
+                "attributes": attributes(
+                    {
+                        f"exception.{k}": v
+                        for k, v in (
+                            ("type", s.error.get("type")),
+                            ("message", s.error.get("message")),
+                            ("stacktrace", s.error.get("stack")),
+                        )
+                    }
+                ),
+            }
+        )
+    span = {
+        "traceId": s.trace_id,
+        "spanId": bar.uid,
+        "name": s.name,
+        "kind": KIND_INTERNAL,
+        "startTimeUnixNano": str(s.start),
+        "endTimeUnixNano": str(bar.end),
+        "attributes": attributes(attrs),
+        "events": events,
+        "status": status(bar, verdict),
+    }
     if bar.parent is not None:
         span["parentSpanId"] = bar.parent.uid
     return span
 
 
-def to_otlp_json(lay: Layout) -> dict[str, Any]:
+def to_otlp_json(lay: Layout, found: list[Finding] | None = None) -> dict[str, Any]:
+    """``found``: the run's verdicts (``cli.findings``), root cause first; its culprit is flagged."""
+    flags = marks(lay, found or [])
     resource_spans = []
     for lane in lay.lanes:
         proc = lane.proc
         resource = {"service.name": "sglang", **proc.resource, "host.name": proc.host, "process.pid": proc.pid}
-        resource_spans.append({"resource": {"attributes": attributes(resource)},
-                               "scopeSpans": [{"scope": SCOPE, "spans": [_span(b) for b in lane.bars]}]})
+        resource_spans.append(
+            {
+                "resource": {"attributes": attributes(resource)},
+                "scopeSpans": [{"scope": SCOPE, "spans": [_span(b, flags) for b in lane.bars]}],
+            }
+        )
     return {"resourceSpans": resource_spans}

@@ -47,10 +47,19 @@ class PhaseStat:
         return min(self.per_rank, key=self.per_rank.__getitem__)
 
     def to_json(self) -> dict[str, Any]:
-        return {"phase": self.key, "ranks": len(self.per_rank), "count": self.count,
-                "min_s": round(self.min, 6), "median_s": round(self.median, 6), "max_s": round(self.max, 6),
-                "skew_s": round(self.skew, 6), "slowest": self.slowest, "fastest": self.fastest,
-                "open": self.open, "per_rank_s": {k: round(v, 6) for k, v in self.per_rank.items()}}
+        return {
+            "phase": self.key,
+            "ranks": len(self.per_rank),
+            "count": self.count,
+            "min_s": round(self.min, 6),
+            "median_s": round(self.median, 6),
+            "max_s": round(self.max, 6),
+            "skew_s": round(self.skew, 6),
+            "slowest": self.slowest,
+            "fastest": self.fastest,
+            "open": self.open,
+            "per_rank_s": {k: round(v, 6) for k, v in self.per_rank.items()},
+        }
 
 
 def phase_stats(lay: Layout, depths: range | None = None) -> dict[str, PhaseStat]:
@@ -103,8 +112,13 @@ class PhaseDelta:
     def to_json(self) -> dict[str, Any]:
         d = self.delta
         pct = None if d is None or not self.a or not self.a.max else round(100 * d / self.a.max, 2)
-        return {"phase": self.key, "a": self.a.to_json() if self.a else None, "b": self.b.to_json() if self.b else None,
-                "delta_s": None if d is None else round(d, 6), "delta_pct": pct}
+        return {
+            "phase": self.key,
+            "a": self.a.to_json() if self.a else None,
+            "b": self.b.to_json() if self.b else None,
+            "delta_s": None if d is None else round(d, 6),
+            "delta_pct": pct,
+        }
 
 
 def between_runs(a: Layout, b: Layout) -> list[PhaseDelta]:

@@ -18,6 +18,7 @@ from ..diagnose import Finding
 from .lanes import Lane, Layout
 from .term import text
 from .units import duration, size
+from .verdict import state as verdict_state
 
 
 @dataclass
@@ -25,7 +26,7 @@ class StatusRow:
     label: str
     pid: int
     host: str
-    state: str  # ready | running | failed | incomplete | exited | gone | stalled
+    state: str  # ready | running | failed | incomplete | exited | gone | stalled | died | not started | busy | slow
     phase: str | None
     in_phase_s: float | None
     heartbeat_age_s: float | None
@@ -91,49 +92,99 @@ def _collective(beat: dict[str, Any] | None) -> str:
     return text
 
 
-def status_rows(lay: Layout, now: int, verdicts: dict[int, Finding], alive: dict[int, bool] | None = None,
-                ) -> list[StatusRow]:
+def status_rows(
+    lay: Layout,
+    now: int,
+    verdicts: dict[int, Finding],
+    alive: dict[int, bool] | None = None,
+) -> list[StatusRow]:
     rows = []
     for lane in lay.lanes:
         proc = lane.proc
         beat = latest_heartbeat(lay, lane)
         where = lane.where
         state = lane.state
-        if state == "running" and alive is not None and not alive.get(proc.pid, True):
+        running = alive is None or alive.get(proc.pid, True)
+        if state == "running" and not running:
             state = "gone"
         finding = verdicts.get(proc.pid)
         if finding is not None:
-            state = "stalled"
+            state = verdict_state(finding)
         cpu = beat.get("cpu_s") if beat else None
         interval = beat.get("interval_s") if beat else None
-        rows.append(StatusRow(
-            label=lane.label, pid=proc.pid, host=proc.host, state=state,
-            phase=where.key if where is not None and state != "ready" else None,
-            in_phase_s=((proc.last_t if state == "gone" else now) - where.span.start) / 1e9
-            if where is not None and where.open else None,
-            heartbeat_age_s=max(0.0, (now - beat["t"]) / 1e9) if beat and isinstance(beat.get("t"), int) else None,
-            progress=_progress(lane, beat),
-            cpu_pct=round(100 * cpu / interval, 1) if isinstance(cpu, (int, float)) and interval else None,
-            rss=beat.get("rss") if beat else None, threads=beat.get("threads") if beat else None,
-            gpu=_gpu(beat), collective=_collective(beat),
-            verdict=f"{finding.kind}: {finding.message}" if finding is not None else ""))
+        rows.append(
+            StatusRow(
+                label=lane.label,
+                pid=proc.pid,
+                host=proc.host,
+                state=state,
+                phase=where.key if where is not None and state != "ready" else None,
+                in_phase_s=(
+                    (proc.last_t if state in ("gone", "died", "failed") or not running else now) - where.span.start
+                )
+                / 1e9
+                if where is not None and where.open
+                else None,
+                heartbeat_age_s=max(0.0, (now - beat["t"]) / 1e9) if beat and isinstance(beat.get("t"), int) else None,
+                progress=_progress(lane, beat),
+                cpu_pct=round(100 * cpu / interval, 1) if isinstance(cpu, (int, float)) and interval else None,
+                rss=beat.get("rss") if beat else None,
+                threads=beat.get("threads") if beat else None,
+                gpu=_gpu(beat),
+                collective=_collective(beat),
+                verdict=f"{finding.kind}: {finding.message}" if finding is not None else "",
+            )
+        )
     return rows
 
 
-STATE_STYLE = {"ready": "green", "running": "", "stalled": "bold red", "failed": "bold red",
-               "incomplete": "red", "gone": "red", "exited": "yellow"}
+STATE_STYLE = {
+    "ready": "green",
+    "running": "",
+    "stalled": "bold red",
+    "failed": "bold red",
+    "died": "bold red",
+    "not started": "bold red",
+    "incomplete": "red",
+    "gone": "red",
+    "exited": "yellow",
+    "busy": "yellow",
+    "slow": "yellow",
+}
 
 
-COLUMNS = ("rank", "pid", "state", "phase", "in phase", "heartbeat", "progress", "cpu", "rss", "threads", "gpu",
-           "collective")
+COLUMNS = (
+    "rank",
+    "pid",
+    "state",
+    "phase",
+    "in phase",
+    "heartbeat",
+    "progress",
+    "cpu",
+    "rss",
+    "threads",
+    "gpu",
+    "collective",
+)
 RIGHT = {"pid", "in phase", "heartbeat", "cpu", "rss", "threads"}
 
 
 def _cells(r: StatusRow) -> tuple[str, ...]:
-    return (r.label, str(r.pid), r.state, r.phase or "", duration(r.in_phase_s),
-            f"{duration(r.heartbeat_age_s)} ago" if r.heartbeat_age_s is not None else "", r.progress,
-            f"{r.cpu_pct:.0f}%" if r.cpu_pct is not None else "", size(r.rss),
-            str(r.threads) if r.threads is not None else "", r.gpu, r.collective)
+    return (
+        r.label,
+        str(r.pid),
+        r.state,
+        r.phase or "",
+        duration(r.in_phase_s),
+        f"{duration(r.heartbeat_age_s)} ago" if r.heartbeat_age_s is not None else "",
+        r.progress,
+        f"{r.cpu_pct:.0f}%" if r.cpu_pct is not None else "",
+        size(r.rss),
+        str(r.threads) if r.threads is not None else "",
+        r.gpu,
+        r.collective,
+    )
 
 
 def status_table(rows: list[StatusRow], title: str) -> Table:

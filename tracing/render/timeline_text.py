@@ -19,8 +19,20 @@ from .term import clean
 from .units import duration
 
 GLYPHS = "abcdefghijklmnopqrstuvwxyz0123456789"
-COLORS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta",
-          "bright_green", "bright_yellow", "bright_blue", "bright_red")
+COLORS = (
+    "cyan",
+    "magenta",
+    "green",
+    "yellow",
+    "blue",
+    "red",
+    "bright_cyan",
+    "bright_magenta",
+    "bright_green",
+    "bright_yellow",
+    "bright_blue",
+    "bright_red",
+)
 LABEL_W, TAIL_W = 10, 28
 
 
@@ -47,10 +59,13 @@ def legends(lay: Layout, depths: range) -> dict[str, Legend]:
                 n = len(shown)
                 stat = stats[bar.key]
                 shown[bar.key] = Legend(
-                    bar.key, GLYPHS[n] if n < len(GLYPHS) else "+", COLORS[n % len(COLORS)],
+                    bar.key,
+                    GLYPHS[n] if n < len(GLYPHS) else "+",
+                    COLORS[n % len(COLORS)],
                     stat.slowest if len(stat.per_rank) > 1 else None,
                     f"{duration(stat.min)}-{duration(stat.max)}" if len(stat.per_rank) > 1 else duration(stat.max),
-                    stat.open)
+                    stat.open,
+                )
     return shown
 
 
@@ -93,7 +108,7 @@ def _axis(lay: Layout, width: int) -> Text:
     for cell in range(0, width, step):
         mark = f"|{duration(lay.seconds * cell / width).replace(' ', '')}" if cell else "|0s"
         if cell + len(mark) <= width:
-            cells[cell:cell + len(mark)] = mark
+            cells[cell : cell + len(mark)] = mark
     return Text("".join(cells), style="dim")
 
 

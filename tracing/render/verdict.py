@@ -1,10 +1,38 @@
-"""The one-line verdict on a run (stalled, failed, ready, starting), shared by every summary."""
+"""The verdict on a run, said one way everywhere: the watchdog's words (STALL, DIED, FAILED, NOT
+STARTED) and its message, as the launcher prints them; the report's first line, the exports' flag
+on the culprit's phase and the run summary all come from here."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from ..diagnose import Finding
-from .lanes import Lane, Layout
+from ..redact import redact_text
+from ..watchdog import PREFIX, VERDICT
+from .lanes import Bar, Lane, Layout
 from .units import duration
+
+STATE = {"died": "died", "failed": "failed", "not_started": "not started", "busy": "busy", "slow": "slow"}
+
+
+def word(finding: Finding) -> str:
+    """``STALL``, ``DIED``, ``FAILED``, ``NOT STARTED`` (alarms) or ``NOTICE``, as the watchdog says it."""
+    return VERDICT.get(finding.kind, "STALL") if finding.alarm else "NOTICE"
+
+
+def line(finding: Finding) -> str:
+    """``STALL rank tp1 (pid 4242) is blocked in 'x' for 12 s (…): tp0 waits in barrier #3 …``."""
+    return f"{word(finding)} {redact_text(finding.message)}"
+
+
+def said(finding: Finding) -> str:
+    """The line as the watchdog prints it, prefix included (callers make it terminal-safe)."""
+    return f"{PREFIX} {line(finding)}"
+
+
+def state(finding: Finding) -> str:
+    """The rank's state in tables and lanes: ``stalled``, ``died``, ``failed``, ``not started``, ``busy``…"""
+    return STATE.get(finding.kind, "stalled")
 
 
 def rank_lanes(lay: Layout) -> list[Lane]:
@@ -12,23 +40,69 @@ def rank_lanes(lay: Layout) -> list[Lane]:
 
 
 def headline(lay: Layout, found: list[Finding]) -> tuple[str, str]:
-    """(``stalled`` | ``failed`` | ``ready`` | ``running``, the sentence)."""
+    """(``stalled`` | ``failed`` | ``ready`` | ``running``, the sentence): the first verdict when
+    there is one (root cause first), in the watchdog's words."""
     ranks = rank_lanes(lay)
-    if found:
-        f = found[0]
-        where = f" in {f.phase}" if f.phase else ""
-        more = f" (+{len(found) - 1} more findings)" if len(found) > 1 else ""
-        return "stalled", f"STALLED — {f.label or 'a rank'}{where} for {duration(f.since_s)}: {f.message}{more}"
+    verdicts = [f for f in found if f.alarm]
+    if verdicts:
+        f = verdicts[0]
+        more = f" (+{len(verdicts) - 1} more)" if len(verdicts) > 1 else ""
+        return ("failed" if f.kind in ("died", "failed") else "stalled"), line(f) + more
     failed = [lane for lane in ranks if lane.state in ("failed", "incomplete")]
     if failed:
         lane = failed[0]
         where = lane.where
         err = (where.span.error or {}).get("message") if where else None
-        return "failed", (f"{lane.state.upper()} — {lane.label} in {where.key if where else '?'}"
-                          + (f": {err}" if err else "") + (f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""))
+        return "failed", (
+            f"{lane.state.upper()} — {lane.label} in {where.key if where else '?'}"
+            + (f": {err}" if err else "")
+            + (f" (+{len(failed) - 1} more)" if len(failed) > 1 else "")
+        )
     if ranks and all(lane.state == "ready" for lane in ranks):
         slow = max(ranks, key=lambda lane: lane.root.seconds if lane.root else 0)
         took = duration(slow.root.seconds) if slow.root else ""
         return "ready", f"READY — {len(ranks)} ranks ready; slowest {slow.label} in {took}"
     running = [lane for lane in ranks if lane.state == "running"]
     return "running", f"RUNNING — {len(running)} of {len(ranks)} ranks still starting"
+
+
+@dataclass
+class Marks:
+    """What the exports flag: the culprit's phase (the verdict's rank and phase only) and what its
+    waiting peers wait for. Keyed by ``Bar.uid``."""
+
+    culprit: dict[str, str] = field(default_factory=dict)  # uid -> the one-line verdict
+    word: str = ""  # the verdict's word (STALL, DIED, …)
+    waiting_for: dict[str, str] = field(default_factory=dict)  # uid -> "tp1 (barrier #3 on group 'tp' …)"
+
+
+def _phase_bar(lane: Lane, phase: str | None) -> Bar | None:
+    """The rank's span of ``phase``: the innermost open one, else the latest (a failed phase ended)."""
+    if phase is None:
+        return None
+    bars = [b for b in lane.bars if b.span.phase == phase or b.key == phase]
+    open_bars = [b for b in bars if b.open]
+    pick = open_bars or bars
+    return max(pick, key=lambda b: (b.depth, b.span.start)) if pick else None
+
+
+def marks(lay: Layout, found: list[Finding]) -> Marks:
+    """The first verdict's culprit phase, and each waiting peer's innermost open phase."""
+    verdicts = [f for f in found if f.alarm and f.kind not in ("divergence", "no_progress", "unknown")]
+    if not verdicts:
+        return Marks()
+    f = verdicts[0]
+    out = Marks(word=word(f))
+    lanes = {lane.proc.pid: lane for lane in lay.lanes}
+    by_label = {lane.proc.label: lane for lane in lay.lanes}
+    lane = lanes.get(f.pid) or by_label.get(f.label)
+    bar = _phase_bar(lane, f.phase) if lane is not None else None
+    if bar is not None:
+        out.culprit[bar.uid] = line(f)
+    for peer, waits in f.waiting.items():
+        peer_lane = by_label.get(peer)
+        open_bars = [b for b in peer_lane.bars if b.open] if peer_lane is not None else []
+        if open_bars and peer_lane is not lane:
+            inner = max(open_bars, key=lambda b: (b.depth, b.span.start))
+            out.waiting_for[inner.uid] = redact_text(f"{f.label} ({waits})")
+    return out

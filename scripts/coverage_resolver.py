@@ -1,47 +1,32 @@
 """Which candidate of each phase resolves in an SGLang release, read from its sources, not imported.
 
-The rules are the engine's, over the same tables: a module resolves when its source exists (the
+Tooling (``scripts/coverage.py``, the coverage tests), not part of the installed package. The
+rules are the engine's, over the same tables: a module resolves when its source exists (the
 engine: when it is importable); ``Qual.name`` is walked attribute by attribute, a class attribute
 through the class's bases (the engine reads the MRO's ``__dict__``), a module attribute through
 ``from X import name`` and ``import *``; it must be a function (``staticmethod``/``classmethod``
-kept; ``property`` and caches are not); ``"first"`` wraps the first candidate that resolves,
-``"all"`` every one. Nothing is imported, so releases that need a GPU to import can be checked,
-all 35 of them, in seconds. ``"*:attr"`` targets are checked on ``MODEL_CLASSES``.
+kept; ``property`` and caches are not); the candidates are chosen by the engine's own ``choose``
+(``"first"``: the first that resolves, ``"all"``: every one). Nothing is imported, so releases
+that need a GPU to import can be checked, all 35 of them, in seconds. ``"*:attr"`` targets are
+checked on ``patches.MODEL_CLASSES``, as ``phasetrace doctor`` does.
 """
 
 from __future__ import annotations
 
 import ast
 import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .spec import Phase, split
+from sglang_phasetrace.patches import MODEL_CLASSES, table_phases
+from sglang_phasetrace.patches.engine import NONE, cell, choose, letter
+from sglang_phasetrace.patches.spec import Phase, split
 
 # Every base release from 0.4.0 to 0.5.23 on PyPI (0.5.0 was never published).
 RELEASES = (*(f"0.4.{i}" for i in range(11)), "0.4.10.post2", *(f"0.5.{i}" for i in range(1, 24)))
-# Where ``"*:attr"`` targets are looked up: the EAGLE target model and its drafts.
-MODEL_CLASSES = ("sglang.srt.models.llama:LlamaForCausalLM", "sglang.srt.models.llama_eagle:LlamaForCausalLMEagle",
-                 "sglang.srt.models.llama_eagle3:LlamaForCausalLMEagle3")
-NONE = "·"
 _NOT_FUNCTION_DECORATORS = {"property", "cached_property", "setter", "getter", "deleter", "lru_cache", "cache"}
-
-
-def letter(index: int) -> str:
-    return chr(ord("A") + index)
-
-
-def cell(phase: Phase, used: Iterable[str]) -> str:
-    """A phase's table cell: the letters of the candidates wrapped (``A+C``), or ``·``."""
-    used = set(used)
-    return "+".join(letter(i) for i, t in enumerate(phase.targets) if t in used) or NONE
-
-
-def choose(phase: Phase, resolves: Callable[[str], bool]) -> list[str]:
-    """The targets the engine wraps, given which candidates resolve."""
-    chosen = [t for t in phase.targets if resolves(t)]
-    return chosen[:1] if phase.mode == "first" else chosen
+__all__ = ["NONE", "RELEASES", "Sources", "cell", "letter", "table_phases", "wrapped"]
 
 
 @dataclass
@@ -157,7 +142,8 @@ class Sources:
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     names[alias.asname or alias.name.partition(".")[0]] = _Ref(
-                        alias.name if alias.asname else alias.name.partition(".")[0])
+                        alias.name if alias.asname else alias.name.partition(".")[0]
+                    )
             elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                 for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
                     if isinstance(target, ast.Name):
@@ -226,8 +212,12 @@ class Sources:
 
     def _eval(self, node: ast.expr, module: str, klass: _Class | None, depth: int) -> Value:
         """The few expressions that name a function or class: ``f``, ``a.b.f``, ``staticmethod(f)``."""
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) == 1 \
-                and node.func.id in ("staticmethod", "classmethod"):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and len(node.args) == 1
+            and node.func.id in ("staticmethod", "classmethod")
+        ):
             return self._eval(node.args[0], module, klass, depth + 1)
         if isinstance(node, ast.Name):
             if klass is not None and node.id in klass.names:
@@ -254,27 +244,15 @@ class Sources:
         return order
 
 
-def table_phases() -> list[Phase]:
-    """The table's rows: phases with targets in SGLang (``collective.torch`` wraps torch itself)."""
-    from . import MODEL_PHASES, PHASES
-
-    return [p for p in (*PHASES, *MODEL_PHASES) if any(t.startswith(("sglang.", "*:")) for t in p.targets)]
-
-
 def wrapped(phase: Phase, resolves: Callable[[str], bool]) -> list[str]:
     """The candidates of ``phase`` the engine wraps, given which ``"module:Qual"`` targets resolve
-    (read from sources here; imported by ``doctor``). ``"*:attr"`` asks each of ``MODEL_CLASSES``."""
+    (read from sources here). ``"*:attr"`` asks each of ``MODEL_CLASSES``."""
 
     def resolves_any(target: str) -> bool:
         module, attr = split(target)
         return any(resolves(f"{m}.{attr}") for m in MODEL_CLASSES) if module == "*" else resolves(target)
 
     return choose(phase, resolves_any)
-
-
-def table_row(resolves: Callable[[str], bool]) -> dict[str, str]:
-    """Phase -> cell for one release."""
-    return {p.name: cell(p, wrapped(p, resolves)) for p in table_phases()}
 
 
 def _absolute(module: _Module, name: str | None, level: int) -> str:
@@ -287,8 +265,9 @@ def _absolute(module: _Module, name: str | None, level: int) -> str:
 
 
 def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _is_function(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
