@@ -140,25 +140,8 @@ def test_watchdog_never_signals_a_process_that_is_not_ours(tmp_path) -> None:
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         run_dir = silent_rank_run(tmp_path, stranger.pid, start_ticks=None)  # an old journal: no start time
-        out = tmp_path / "watch.err"
-        with open(out, "w") as err:
-            done = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "sglang_phasetrace.tracing.cli",
-                    "watch",
-                    str(run_dir),
-                    "--exit-on-stall",
-                    "--timeout",
-                    "20",
-                    "--no-py-spy",
-                ],
-                stderr=err,
-                env={**os.environ, "SGLANG_PHASETRACE_STACK_SIGNAL": "SIGKILL"},
-                timeout=60,
-            )
-        text = out.read_text()
+        done = watch(run_dir, {"SGLANG_PHASETRACE_STACK_SIGNAL": "SIGKILL"})
+        text = done.stderr
         assert done.returncode == 3, text
         assert stranger.poll() is None, "the stranger was signalled"
         assert text.count("SIGKILL") == 1 and "using SIGUSR2" in text  # a bad signal: one warning, the default
@@ -174,27 +157,24 @@ def test_a_recycled_pid_is_gone_not_signalled(tmp_path) -> None:
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         run_dir = silent_rank_run(tmp_path, stranger.pid, start_ticks=(procs.start_ticks(stranger.pid) or 0) + 1)
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "sglang_phasetrace.tracing.cli",
-                "watch",
-                str(run_dir),
-                "--exit-on-stall",
-                "--timeout",
-                "20",
-                "--no-py-spy",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = watch(run_dir)
         assert "DIED rank tp1" in done.stderr and "is gone" in done.stderr, done.stderr
         assert stranger.poll() is None, "the stranger was signalled"
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def watch(run_dir: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``phasetrace watch RUN_DIR --exit-on-stall`` as a user runs it (faulthandler stacks only)."""
+    argv = ["watch", str(run_dir), "--exit-on-stall", "--timeout", "20", "--no-py-spy"]
+    return subprocess.run(
+        [sys.executable, "-m", "sglang_phasetrace.tracing.cli", *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+    )
 
 
 def silent_rank_run(tmp_path: Path, pid: int, start_ticks: int | None) -> Path:

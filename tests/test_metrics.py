@@ -72,6 +72,7 @@ def test_a_heartbeat_becomes_gauges_with_rank_phase_progress_and_gpu(trace_run_d
     inner = spans.start_phase("model.weights_iterator", {"sglang.phase": "model.weights_iterator"})
     inner.progress(done=3, total=8, unit="shards")
     rt.set_identity(role="rank", tp=1, world=1, gpu=0)
+    time.sleep(0.05)  # an interval since the thread's first beat: CPU utilization needs one (dt_s > 0)
     record = heartbeat.current().record()
     m, reader = in_memory(rt)
     m.observe(record)

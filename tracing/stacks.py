@@ -135,24 +135,28 @@ def request(pid: int, path: Path, reason: str, wait_s: float = 2.0) -> bool:
 
 
 def py_spy(pid: int, path: Path) -> Path | None:
-    """``py-spy dump --native`` into ``path`` (redacted); None (said once) when missing or refused."""
+    """``py-spy dump`` (Python frames) and ``py-spy dump --native`` (with C frames; on some builds it
+    loses the Python ones) into ``path``, redacted; None (said once) when missing or refused."""
     beside = Path(sys.executable).parent / "py-spy"  # a venv's, when the venv is not on PATH
     exe = str(beside) if beside.exists() else shutil.which("py-spy")
     if exe is None:
         _say_once("py-spy is not installed; native stacks skipped (faulthandler stacks only)")
         return None
-    done = None
-    for args in ([exe, "dump", "--pid", str(pid), "--native"], [exe, "dump", "--pid", str(pid)]):
+    parts, problem = [], ""
+    for extra, title in (([], "Python frames"), (["--native"], "with native frames")):
         try:
-            done = subprocess.run(args, capture_output=True, text=True, timeout=30)
+            done = subprocess.run([exe, "dump", "--pid", str(pid), *extra], capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            _say_once(f"py-spy failed ({exc!r}); native stacks skipped")
-            return None
+            problem = repr(exc)
+            continue
         if done.returncode == 0 and done.stdout.strip():
-            from .files import write_atomic
+            parts.append(f"=== py-spy dump, {title} ===\n{done.stdout}")
+        else:
+            problem = done.stderr.strip()[:200]
+    if not parts:
+        _say_once(f"py-spy could not read pid {pid} ({redact_text(problem)}); faulthandler stacks only")
+        return None
+    from .files import write_atomic
 
-            write_atomic(path, redact_text(done.stdout).encode("utf-8", "replace"))
-            return path
-    detail = redact_text(done.stderr.strip()[:200]) if done is not None else ""
-    _say_once(f"py-spy could not read pid {pid} ({detail}); native stacks skipped")
-    return None
+    write_atomic(path, redact_text("\n".join(parts)).encode("utf-8", "replace"))
+    return path

@@ -126,19 +126,7 @@ class Watchdog:
             self.hints_said.add(hint)
             print(f"{PREFIX} {hint}", file=self.out, flush=True)
         if self.record is not None:
-            self.record(
-                records.diagnosis(
-                    time.time_ns(),
-                    finding.kind,
-                    finding.label,
-                    finding.pid,
-                    finding.phase,
-                    round(finding.since_s, 3),
-                    finding.message,
-                    finding.waiting,
-                    finding.stacks,
-                )
-            )
+            self.record(diagnosis_record(finding))
         self._export(finding, involved)
 
     def take_stacks(self, involved: list[ProcessRec], finding: Finding) -> list[str]:
@@ -234,6 +222,21 @@ class Watchdog:
                     self.failed = True
                     log.warning("sglang-phasetrace: watchdog pass failed: %r", exc)
             self.stop.wait(min(self.thresholds.heartbeat_s, 5.0))
+
+
+def diagnosis_record(finding: Finding) -> dict[str, Any]:
+    """The ``diagnosis`` journal record of a verdict (its message redacted), whoever said it."""
+    return records.diagnosis(
+        time.time_ns(),
+        finding.kind,
+        finding.label,
+        finding.pid,
+        finding.phase,
+        round(finding.since_s, 3),
+        redact_text(finding.message),
+        finding.waiting,
+        finding.stacks,
+    )
 
 
 def _float_env(name: str) -> float | None:

@@ -31,7 +31,7 @@ from ..render.run_text import status_line, summary
 from ..render.term import clean
 from ..render.verdict import rank_lanes
 from ..rundir import JOURNAL_DIR, RunView
-from ..watchdog import PREFIX
+from ..watchdog import PREFIX, diagnosis_record
 from .command import CommandError, report_problems, where
 from .env import hooks_dir
 from .export import export_file
@@ -375,19 +375,7 @@ Returns the command's exit code.
                 )
                 return
         if self.journal is not None:
-            self.journal.write(
-                records.diagnosis(
-                    time.time_ns(),
-                    finding.kind,
-                    finding.label,
-                    finding.pid,
-                    finding.phase,
-                    round(finding.since_s, 3),
-                    redact_text(finding.message),
-                    finding.waiting,
-                    finding.stacks,
-                )
-            )
+            self.journal.write(diagnosis_record(finding))
 
     def finish(self, lay: Layout, found: list[Any], quiet: bool = False) -> None:
         """Print the summary; write the report and exports; print their paths."""
