@@ -273,8 +273,8 @@ def _numbers(lines: list[bytes], first: int) -> list[int]:
 
 def _parse_chunk(lines: list[bytes]) -> list | None:
     """Every line JSON: their values, one ``orjson`` parse for all; else None (go line by line)."""
-    try:
-        return _loads(b"[" + b",".join(line for line in lines if line.strip()) + b"]")
+    try:  # a blank line makes ",," (not JSON): that chunk goes line by line, which skips it
+        return _loads(b"[" + b",".join(lines) + b"]")
     except (UnicodeDecodeError, json.JSONDecodeError):
         return None
 

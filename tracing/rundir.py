@@ -267,11 +267,30 @@ class RunView:
 def _apply_all(tail: JournalTail, proc: ProcessRec, records: list[dict[str, Any]]) -> None:
     """Apply a chunk's records; one that ``apply`` cannot use (a gap between ``records.validate``
     and ``apply``: a bug) is reported as ``file:line`` and the rest of the chunk is still used."""
-    for i, record in enumerate(records):
+    spans = proc.spans
+    for i, r in enumerate(records):
         try:
-            proc.apply(record)
+            kind = r["kind"]
+            if kind == "begin" or kind == "end":  # most of a journal: ``apply``'s work, inline
+                t = r["t"]
+                if t > proc.last_t:
+                    proc.last_t = t
+                if t > proc.last_progress_t:
+                    proc.last_progress_t = t
+                if kind == "begin":  # the record is ours alone: its attrs are used, not copied
+                    attrs = r.get("attrs") or {}
+                    spans[r["span"]] = SpanRec(
+                        r["span"], r.get("parent"), r.get("trace") or "", r["name"], t, attrs, r.get("thread") or ""
+                    )
+                elif (span := spans.get(r["span"])) is not None:
+                    span.end, span.status = t, r.get("status") or "ok"
+                    if attrs := r.get("attrs"):
+                        span.attrs.update(attrs)
+                    span.error = r.get("error")
+            else:
+                proc.apply(r)
         except Exception as exc:
-            tail.problems.append(f"{tail.path}:{tail.line_of(i)}: {record['kind']} record not used ({exc!r})")
+            tail.problems.append(f"{tail.path}:{tail.line_of(i)}: {r['kind']} record not used ({exc!r})")
 
 
 def load_run(path: Path | str) -> RunView:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import socket
 import time
@@ -88,24 +89,38 @@ failed, so scripts can poll it:
     def run(self, args: argparse.Namespace) -> int:
         view = RunView(check_run_dir(args.run_dir))
         said: set[str] = set()
-        rows, found, shown = self.frame(view, args, said)
-        if args.json:
-            print(
-                json.dumps(
-                    {
-                        "run": str(view.path),
-                        "exit_code": exit_code(rows, found),
-                        "ranks": [r.to_json() for r in rows],
-                        "findings": [dataclasses.asdict(f) for f in found],
-                    },
-                    indent=1,
+        # The first frame reads the whole run: one large acyclic graph of records, which the cyclic
+        # GC would rescan over and over (as for the ``bulk`` verbs). It stays off while it is built,
+        # and what it built is frozen out of later collections (refcounting still frees it) until
+        # the view goes live.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            rows, found, shown = self.frame(view, args, said)
+        finally:
+            gc.freeze()
+            if enabled:
+                gc.enable()
+        try:
+            if args.json:
+                print(
+                    json.dumps(
+                        {
+                            "run": str(view.path),
+                            "exit_code": exit_code(rows, found),
+                            "ranks": [r.to_json() for r in rows],
+                            "findings": [dataclasses.asdict(f) for f in found],
+                        },
+                        indent=1,
+                    )
                 )
-            )
-            return exit_code(rows, found)
-        console = make_console()
-        if args.once or finished(rows):
-            console.print(shown)
-            return exit_code(rows, found)
+                return exit_code(rows, found)
+            console = make_console()
+            if args.once or finished(rows):
+                console.print(shown)
+                return exit_code(rows, found)
+        finally:
+            gc.unfreeze()  # in-process callers (tests) keep a normal collector
         with Live(shown, console=console, refresh_per_second=4) as live:
             while not finished(rows):
                 time.sleep(max(0.1, args.interval))

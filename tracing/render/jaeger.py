@@ -39,6 +39,24 @@ def tag(key: str, value: Any) -> dict[str, Any]:
 _tags: dict[tuple, dict[str, Any]] = {}
 
 
+def _attr_tags(attrs: dict[str, Any]) -> list[dict[str, Any]]:
+    """``tag`` of each attribute: a span's attrs repeat across its copies and the ranks, so the list
+    is built once per distinct attrs (keyed with the values' types: ``True`` is not ``1`` here)."""
+    try:
+        key = (tuple(attrs.items()), tuple(map(type, attrs.values())))
+        hit = _attr_lists.get(key)
+    except TypeError:  # a list value: not hashable
+        return [tag(k, v) for k, v in attrs.items()]
+    if hit is None:
+        if len(_attr_lists) > 100_000:
+            _attr_lists.clear()
+        hit = _attr_lists[key] = [tag(k, v) for k, v in attrs.items()]
+    return hit.copy()
+
+
+_attr_lists: dict[tuple, list[dict[str, Any]]] = {}
+
+
 def _process(lane: Lane) -> dict[str, Any]:
     proc = lane.proc
     attrs = {**proc.resource, **proc.identity, "host.name": proc.host, "process.pid": proc.pid}
@@ -48,7 +66,7 @@ def _process(lane: Lane) -> dict[str, Any]:
 
 def _span(bar: Bar, process_id: str, flags: Marks) -> dict[str, Any]:
     s = bar.span
-    tags = [tag(k, v) for k, v in s.attrs.items()]
+    tags = _attr_tags(s.attrs)
     verdict = flags.culprit.get(bar.uid)
     tags.append(tag("otel.status_code", "ERROR" if verdict else {"ok": "OK", "open": "UNSET"}.get(s.status, "ERROR")))
     warnings = None

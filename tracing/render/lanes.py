@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import keys
-from ..redact import redact
+from ..redact import is_secret_key, redact
 from ..rundir import ProcessRec, RunView, SpanRec
 
 OPEN_ATTR = "phasetrace.open"  # set on exported spans that never ended
@@ -35,23 +35,54 @@ def _redacted(key: str, value: Any) -> Any:
             hit = _MEMO[(key, value)] = redact(value, key)
         return hit
     if isinstance(value, (bool, int, float)) or value is None:
-        return redact(value, key) if value not in (None, False) and key else value
+        return redact(value, key) if value not in (None, False) and key and _secret_key(key) else value
     return redact(value, key)
+
+
+_SECRET_KEYS: dict[str, bool] = {}
+
+
+def _secret_key(key: str) -> bool:
+    hit = _SECRET_KEYS.get(key)
+    if hit is None:
+        hit = _SECRET_KEYS[key] = is_secret_key(key)
+    return hit
+
+
+_CLEAN: set[tuple] = set()  # items of attrs known to need no redaction: they repeat across copies and ranks
+
+
+def _clean(values: dict[str, Any]) -> dict[str, Any] | None:
+    """``values`` redacted, or None when nothing changes."""
+    try:
+        items = tuple(values.items())
+        if items in _CLEAN:
+            return None
+    except TypeError:  # a list value: not hashable
+        items = None
+    clean = {k: _redacted(str(k), v) for k, v in values.items()}
+    if clean != values:
+        return clean
+    if items is not None:
+        if len(_CLEAN) > 100_000:
+            _CLEAN.clear()
+        _CLEAN.add(items)
+    return None
 
 
 def _scrub(span: SpanRec) -> None:
     """Redact what every renderer shows of ``span`` (in place; a no-op on already clean values)."""
-    attrs = {k: _redacted(str(k), v) for k, v in span.attrs.items()}
-    if attrs != span.attrs:
+    attrs = _clean(span.attrs)
+    if attrs is not None:
         span.attrs = attrs
     if isinstance(span.error, dict):
-        error = {k: _redacted(str(k), v) for k, v in span.error.items()}
-        if error != span.error:
+        error = _clean(span.error)
+        if error is not None:
             span.error = error
     for event in span.events:
         if isinstance(event, dict) and isinstance(event.get("attrs"), dict):
-            clean = {k: _redacted(str(k), v) for k, v in event["attrs"].items()}
-            if clean != event["attrs"]:
+            clean = _clean(event["attrs"])
+            if clean is not None:
                 event["attrs"] = clean
 
 

@@ -1,0 +1,146 @@
+"""Time every viewer verb as a user runs it, at 1024 ranks cloned from a real traced start (not a test).
+
+    python scripts/make_tiny_model.py /tmp/tiny
+    SGLANG_PHASETRACE_DIR=/tmp/runs PYTHONPATH=sitecustomize_hooks python scripts/start_engine.py /tmp/tiny --tp 2
+    python scripts/bench_viewers_1024.py /tmp/runs/<run id> [--ranks 1024] [--copies 10] [--repeat 3]
+
+The real run's rank journals (and status files) are cloned to ``--ranks`` ranks, alternating its
+ranks as templates, with each span below the rank root repeated ``--copies`` times (fresh span ids,
+parents remapped within the copy), as per-batch-size graph capture does on a GPU: ~270 spans per
+rank. Its launcher journal is kept. Each verb runs as a new ``phasetrace`` process (start-up
+included, output to /dev/null); the best of ``--repeat`` runs is shown with its ratio to the 2 s goal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+GOAL_S = 2.0
+PID0 = 200000
+PID_MARK, RANK_MARK, ID_MARK = 987654321, 987654322, "§§§§"  # placeholders in a rank's template text
+
+VERBS = {
+    "help": ["--help"],
+    "status": ["status", "{run}"],
+    "timeline": ["timeline", "{run}", "--width", "160"],
+    "compare": ["compare", "{run}"],
+    "export jaeger": ["export", "{run}", "--format", "jaeger", "-o", "{out}/jaeger.json"],
+    "report": ["report", "{run}", "-o", "{out}/report.html"],
+}
+
+
+def rank_template(journal: Path, copies: int) -> tuple[int, str]:
+    """The journal's text with its pid, rank number and span-id prefixes as placeholders."""
+    records = [json.loads(line) for line in journal.read_bytes().splitlines() if line.strip()]
+    pid = next(r["pid"] for r in records if r["kind"] == "process")
+    begins = [r for r in records if r["kind"] == "begin"]
+    root = next(r["span"] for r in begins if (r.get("attrs") or {}).get("sglang.phase") == "rank")
+
+    def new_id(span: str | None, copy: int) -> str | None:
+        return span if span in (None, root) else f"{ID_MARK}{copy:x}{span[5:]}"
+
+    out = []
+    for r in records:
+        if r["kind"] in ("begin", "end", "event") and r["span"] != root:
+            for copy in range(copies):
+                c = dict(r, span=new_id(r["span"], copy))
+                if "parent" in c:
+                    c["parent"] = new_id(c["parent"], copy)
+                out.append(c)
+            continue
+        if r["kind"] == "collective" and r.get("span"):
+            r = dict(r, span=new_id(r["span"], 0))
+        out.append(r)
+    text = "\n".join(json.dumps(r, separators=(",", ":"), ensure_ascii=False) for r in out) + "\n"
+    return pid, text
+
+
+def placeholders(text: str, pid: int, rank: str) -> str:
+    """Mark the template's pid and rank number (``tp0`` -> ``tp<RANK>``) for per-rank substitution."""
+    text = text.replace(f'"pid":{pid}', f'"pid":{PID_MARK}')
+    text = text.replace(f'"process.pid":{pid}', f'"process.pid":{PID_MARK}')
+    text = text.replace(f"vm:{pid}", f"vm:{PID_MARK}").replace(f'"tp{rank}"', f'"tp{RANK_MARK}"')
+    for key in ("sglang.tp_rank", "sglang.world_rank", "sglang.gpu_id"):
+        text = text.replace(f'"{key}":{rank}', f'"{key}":{RANK_MARK}')
+    return text.replace(" tp" + rank + " ", f" tp{RANK_MARK} ")
+
+
+def clone(source: Path, dest: Path, ranks: int, copies: int) -> None:
+    """``dest``: ``source``'s launcher plus ``ranks`` ranks cloned from its rank journals."""
+    for sub in ("journal", "status", "stacks"):
+        (dest / sub).mkdir(parents=True, mode=0o700)
+    templates = []
+    for journal in sorted((source / "journal").glob("*.jsonl")):
+        head = json.loads(journal.read_bytes().split(b"\n", 2)[1])  # the identity line
+        if head.get("role") != "rank":
+            shutil.copy(journal, dest / "journal" / journal.name)
+            status = source / "status" / f"{journal.stem}.json"
+            if status.exists():
+                shutil.copy(status, dest / "status" / status.name)
+            continue
+        pid, text = rank_template(journal, copies)
+        rank = head["label"].removeprefix("tp")
+        status = source / "status" / f"{journal.stem}.json"
+        status_text = status.read_text() if status.exists() else None
+        templates.append((placeholders(text, pid, rank), placeholders(status_text, pid, rank) if status_text else None))
+    for r in range(ranks):
+        text, status = templates[r % len(templates)]
+        pid = PID0 + r
+        fill = {str(PID_MARK): str(pid), str(RANK_MARK): str(r), ID_MARK: f"{r:04x}"}
+        for mark, value in fill.items():
+            text = text.replace(mark, value)
+            status = status.replace(mark, value) if status else None
+        (dest / "journal" / f"vm-{pid}.jsonl").write_text(text)
+        if status:
+            (dest / "status" / f"vm-{pid}.json").write_text(status)
+
+
+def best_of(argv: list[str], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        tic = time.perf_counter()
+        done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
+        best = min(best, time.perf_counter() - tic)
+        if done.returncode not in (0, 3, 4):
+            raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.decode()[-2000:]}")
+    return best
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source", type=Path, help="a real traced run directory (tp >= 1)")
+    parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--copies", type=int, default=10, help="times each span below the rank root appears")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per verb; the best is shown")
+    parser.add_argument("--keep", type=Path, help="build the clone here and keep it (for profiling)")
+    parser.add_argument("--verbs", nargs="+", choices=list(VERBS), default=list(VERBS))
+    args = parser.parse_args()
+    phasetrace = str(Path(sys.executable).with_name("phasetrace"))
+    with tempfile.TemporaryDirectory(prefix="phasetrace-1024-") as tmp:
+        run = args.keep or Path(tmp) / "run"
+        if not (run / "journal").is_dir():
+            clone(args.source, run, args.ranks, args.copies)
+        out = Path(tmp) / "out"
+        out.mkdir()
+        size = sum(f.stat().st_size for f in (run / "journal").iterdir())
+        spans = sum(f.read_bytes().count(b'"kind":"begin"') for f in (run / "journal").iterdir())
+        print(f"{args.ranks} ranks, {spans} spans ({spans / args.ranks:.0f} per rank), journals {size / 1e6:.0f} MB")
+        print(f"{'verb':<15} {'seconds':>8} {'/ 2 s':>6}")
+        for name in args.verbs:
+            argv = [phasetrace] + [a.format(run=run, out=out) for a in VERBS[name]]
+            seconds = best_of(argv, args.repeat)
+            print(f"{name:<15} {seconds:>8.2f} {seconds / GOAL_S:>6.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    os.umask(0o077)
+    raise SystemExit(main())
