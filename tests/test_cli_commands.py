@@ -21,7 +21,7 @@ from sglang_phasetrace.tracing.cli import findings as findings_module
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.diagnose import Finding
 
-VERBS = ("run", "status", "timeline", "compare", "report", "export", "doctor")
+VERBS = ("run", "status", "timeline", "compare", "report", "export", "doctor", "bundle", "env", "preflight")
 
 
 @pytest.fixture(scope="module")

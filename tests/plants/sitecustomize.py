@@ -79,3 +79,30 @@ if os.environ.get("PLANT_HANG_EARLY_TP_RANK"):
             return original(*args, **kwargs)
 
         module.run_scheduler_process = run_scheduler_process
+
+
+if os.environ.get("PLANT_STALL_PHASE_TP_RANK"):
+    import functools
+    import time
+
+    import wrapt
+
+    @wrapt.when_imported("sglang.srt.model_executor.model_runner")
+    def _plant_stall_attention(module):
+        """The rank named by ``PLANT_STALL_PHASE_TP_RANK`` sleeps inside ``init_attention_backends``
+        (``attention.init``) while its peers wait in a TP barrier right after it: a stall in a
+        phase every launch has, without EAGLE."""
+        original = module.ModelRunner.init_attention_backends
+
+        @functools.wraps(original)
+        def init_attention_backends(self, *args, **kwargs):
+            from sglang.srt.distributed.parallel_state import get_tp_group
+
+            result = original(self, *args, **kwargs)
+            group = get_tp_group()
+            if group.rank_in_group == int(os.environ["PLANT_STALL_PHASE_TP_RANK"]):
+                time.sleep(600)  # bounded; the pre-flight stops the process group long before
+            group.barrier()
+            return result
+
+        module.ModelRunner.init_attention_backends = init_attention_backends

@@ -25,13 +25,26 @@ def commands() -> list[Command]:
     from .doctor import Doctor
     from .env import Env
     from .export import Export
+    from .preflight import Preflight
     from .report import Report
     from .run import Run
     from .status import Status
     from .timeline import Timeline
     from .watch import Watch
 
-    return [Run(), Status(), Watch(), Timeline(), Compare(), Report(), Export(), BundleCommand(), Doctor(), Env()]
+    return [
+        Run(),
+        Preflight(),
+        Status(),
+        Watch(),
+        Timeline(),
+        Compare(),
+        Report(),
+        Export(),
+        BundleCommand(),
+        Doctor(),
+        Env(),
+    ]
 
 
 def build_parser(verbs: list[Command]) -> argparse.ArgumentParser:

@@ -202,7 +202,7 @@ Returns the command's exit code.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hooks_dir()), env.get("PYTHONPATH", "")) if p)
         print(f"phasetrace: tracing into {run_dir}", file=sys.stderr, flush=True)
         try:
-            child = subprocess.Popen(command, env=env)
+            child = self.start(command, env)
         except OSError as exc:
             run_dir.rmdir()  # empty: nothing ran
             raise CommandError(f"cannot start {command[0]}: {exc.strerror or exc}", 127) from None
@@ -212,6 +212,10 @@ Returns the command's exit code.
             finally:  # whatever happened in here, the command is never left behind unsupervised
                 rc = wait(child)
         return rc if rc >= 0 else 128 - rc
+
+    def start(self, command: list[str], env: dict[str, str]) -> subprocess.Popen:
+        """Start the command (``preflight`` starts it in its own session, to stop it as a group)."""
+        return subprocess.Popen(command, env=env)
 
     def watch(self, child: subprocess.Popen, view: RunView, line: LiveLine, interval: float) -> None:
         """Show the live line and the summary at each milestone until the command exits. A failure
