@@ -13,6 +13,7 @@ asks it to end a local launcher after a stall that long.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -51,6 +52,7 @@ class Watchdog:
     ) -> None:
         self.run = RunView(run_dir)
         self.named: set[int] = set()  # pids a verdict has named
+        self.quick = False  # last words: verdict lines only
         self.when_ranks_ready: Callable[[], None] | None = None  # called once, when every rank is ready
         stacks.stack_signal()  # a bad setting is said now, once
         self.thresholds = thresholds or Thresholds.from_env()
@@ -114,7 +116,7 @@ class Watchdog:
         procs_by_pid = {p.pid: p for p in self.run.processes}
         involved = [procs_by_pid[pid] for pid in dict.fromkeys(finding.pids) if pid in procs_by_pid][:MAX_STACKS]
         if finding.alarm and finding.kind not in ("died", "failed"):
-            finding.stacks = self.take_stacks(involved, finding)
+            finding.stacks = [] if self.quick else self.take_stacks(involved, finding)
         word = VERDICT.get(finding.kind, "STALL") if finding.alarm else "NOTICE"
         line = f"{PREFIX} {word} {finding.message}"
         if finding.stacks:
@@ -127,7 +129,8 @@ class Watchdog:
             print(f"{PREFIX} {hint}", file=self.out, flush=True)
         if self.record is not None:
             self.record(diagnosis_record(finding))
-        self._export(finding, involved)
+        if not self.quick:
+            self._export(finding, involved)
 
     def take_stacks(self, involved: list[ProcessRec], finding: Finding) -> list[str]:
         """Stacks of the involved processes proven to be ours: py-spy (out of process) for the rank
@@ -150,6 +153,7 @@ class Watchdog:
     def last_words(self) -> None:
         """Before SGLang tears the launch down (its SIGQUIT handler kills the process tree): one
         last pass, so a rank that died is named, then the root cause. Bounded; never raises."""
+        self.quick = True  # the tree dies in a moment: no stacks, no export, just the lines
         try:
             if self.lock.acquire(timeout=3.0):
                 self.lock.release()
@@ -261,6 +265,19 @@ def start_in_launcher(rt: runtime.Runtime) -> Watchdog | None:
 def launcher_last_words() -> None:
     """Called as SGLang starts tearing the launch down (``tracing.phases``): name who ended first."""
     dog = process_state.STATE.launcher_watchdog
-    if dog is not None and not dog.stop.is_set():
-        dog.stop.set()
+    if dog is None or dog.stop.is_set():
+        return
+    dog.stop.set()
+    # SGLang's teardown is already under way (its SIGQUIT handler called us): a second failing child's
+    # SIGQUIT would re-enter that handler and kill the tree mid-sentence. Ignored for these few
+    # milliseconds, then SGLang's handler is back and goes on to kill the tree as it would have.
+    previous = None
+    with contextlib.suppress(ValueError, OSError):  # not the main thread: nothing to hold off
+        if callable(signal.getsignal(signal.SIGQUIT)):  # a Python handler (SGLang's): restorable
+            previous = signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+    try:
         dog.last_words()
+    finally:
+        if previous is not None:
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(signal.SIGQUIT, previous)
