@@ -73,6 +73,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+DIST_RANKS = ROOT / "tests" / "programs" / "dist_ranks.py"
+
+
+def dist_ranks(model: Path, world: int, plant: str, rank: int) -> list[str]:
+    """Arguments for tests/programs/dist_ranks.py: ``world`` gloo ranks, ``plant`` in ``rank``."""
+    return [
+        str(DIST_RANKS),
+        str(model),
+        "--world",
+        str(world),
+        "--plant",
+        plant,
+        "--rank",
+        str(rank),
+        "--port",
+        str(free_port()),
+    ]
+
+
 def run_dirs(base_dir: Path) -> list[Path]:
     return sorted(p for p in base_dir.iterdir() if (p / "journal").is_dir()) if base_dir.is_dir() else []
 

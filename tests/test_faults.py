@@ -15,12 +15,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import HOOKS, ROOT, SCRIPTS, free_port, hook_env, kill_group, requires_sglang
+from conftest import HOOKS, ROOT, SCRIPTS, dist_ranks, hook_env, kill_group, requires_sglang
 from sglang_phasetrace.tracing import procs
 from sglang_phasetrace.tracing.rundir import load_run
 
 pytestmark = [requires_sglang, pytest.mark.sglang]
-PROGRAM = ROOT / "tests" / "programs" / "dist_ranks.py"
 PLANTS = ROOT / "tests" / "plants"
 
 
@@ -31,19 +30,7 @@ class Ranks:
     def __init__(self, model: Path, base: Path, traced: bool, ignore: tuple[int, ...] = ()) -> None:
         self.base = base
         env = hook_env(base, {"SGLANG_PHASETRACE_RUN_DIR": str(base / "run")}, hooks=traced)
-        args = [
-            sys.executable,
-            str(PROGRAM),
-            str(model),
-            "--world",
-            "2",
-            "--plant",
-            "sleep",
-            "--rank",
-            "1",
-            "--port",
-            str(free_port()),
-        ]
+        args = [sys.executable, *dist_ranks(model, 2, "sleep", 1)]
 
         def setup() -> None:
             for sig in ignore:  # as a shell does for background jobs

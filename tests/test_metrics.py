@@ -321,7 +321,8 @@ def test_a_planted_stall_arrives_as_rank_gauges_and_the_watchdogs_stalled_flag(
     """Real SGLang distributed init on gloo, rank 1 blocked before its model-parallel groups: every rank
     exports its phase from its own process; the watchdog (here in-process, as ``phasetrace watch`` runs
     it) exports rank1's stalled flag with its kind."""
-    from test_watchdog import HB, Launched, dist_ranks
+    from conftest import dist_ranks
+    from test_watchdog import HB, Launched
 
     endpoint = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{rotel.http}"}
     for name, value in endpoint.items():

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from cli_fixtures import FAIL_MESSAGE, HOST, STALL_PHASE, build_run
-from conftest import CPU_ENV, ROOT, free_port, kill_group, requires_sglang
+from conftest import CPU_ENV, dist_ranks, kill_group, requires_sglang
 from opentelemetry.trace import StatusCode
 from sglang_phasetrace.tracing import records
 from sglang_phasetrace.tracing.cli import main
@@ -261,7 +261,6 @@ def test_real_stall_under_phasetrace_run_said_once_and_flagged(tmp_path: Path, t
     """Real SGLang distributed init on gloo, rank1 blocked before its model-parallel groups, under
     ``phasetrace run`` at the default thresholds: one STALL line, the report opens with it, the
     Jaeger export marks rank1's phase as the error and rank0's as waiting."""
-    program = ROOT / "tests" / "programs" / "dist_ranks.py"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_PHASETRACE", "OTEL_", "TRACEPARENT"))}
     env.update(CPU_ENV)
     cli = "import sys; from sglang_phasetrace.tracing.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -276,16 +275,7 @@ def test_real_stall_under_phasetrace_run_said_once_and_flagged(tmp_path: Path, t
             str(tmp_path / "runs"),
             "--",
             sys.executable,
-            str(program),
-            str(tiny_model[0]),
-            "--world",
-            "2",
-            "--plant",
-            "sleep",
-            "--rank",
-            "1",
-            "--port",
-            str(free_port()),
+            *dist_ranks(tiny_model[0], 2, "sleep", 1),
         ],
         env=env,
         stdout=subprocess.DEVNULL,

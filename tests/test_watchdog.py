@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, free_port, hook_env, requires_sglang
+from conftest import ROOT, dist_ranks, hook_env, requires_sglang
 from otlp_receiver import OtlpReceiver
 from sglang_phasetrace.tracing.cli import main as cli_main
 from sglang_phasetrace.tracing.cli.command import EXIT_STALLED
@@ -25,24 +25,7 @@ from sglang_phasetrace.tracing.rundir import load_run
 from sglang_phasetrace.tracing.watchdog import Watchdog
 
 pytestmark = [requires_sglang, pytest.mark.sglang]
-PROGRAM = ROOT / "tests" / "programs" / "dist_ranks.py"
 HB = 1.0
-
-
-def dist_ranks(model: Path, world: int, plant: str, rank: int) -> list[str]:
-    """Arguments for tests/programs/dist_ranks.py: ``world`` gloo ranks, ``plant`` in ``rank``."""
-    return [
-        str(PROGRAM),
-        str(model),
-        "--world",
-        str(world),
-        "--plant",
-        plant,
-        "--rank",
-        str(rank),
-        "--port",
-        str(free_port()),
-    ]
 
 
 class Launched:
