@@ -6,6 +6,7 @@ import json
 import sys
 from typing import Any
 
+from ..tracing import keys
 from ..tracing.redact import redact
 
 
@@ -28,7 +29,7 @@ def class_name(obj: Any) -> str | None:
 def draft_attrs(runner: Any) -> dict[str, Any]:
     """Target or draft runner, and which draft (multi-layer EAGLE builds several)."""
     return {
-        "sglang.is_draft": bool(read(runner, "is_draft_worker")),
+        keys.IS_DRAFT: bool(read(runner, "is_draft_worker")),
         "sglang.draft_model_idx": read(runner, "draft_model_idx"),
     }
 
@@ -64,7 +65,18 @@ def server_args_json(server_args: Any, limit: int = 32768) -> str | None:
 def server_args_attrs(server_args: Any) -> dict[str, Any]:
     if server_args is None:
         return {}
+    nnodes = read(server_args, "nnodes")
+    multi_node = (
+        {
+            keys.NNODES: nnodes,
+            keys.NODE_RANK: read(server_args, "node_rank") or 0,
+            keys.DIST_INIT_ADDR: read(server_args, "dist_init_addr"),
+        }
+        if isinstance(nnodes, int) and nnodes > 1
+        else {}
+    )
     return {
+        **multi_node,
         "sglang.model_path": read(server_args, "model_path"),
         "sglang.tp_size": read(server_args, "tp_size"),
         "sglang.pp_size": read(server_args, "pp_size"),

@@ -21,7 +21,7 @@ def _process_group(call: Call) -> dict[str, Any]:
         keys.WORLD_SIZE: a.get("world_size"),
         keys.WORLD_RANK: a.get("rank"),
         "sglang.local_rank": a.get("local_rank"),
-        "sglang.init_method": a.get("distributed_init_method"),
+        keys.INIT_METHOD: a.get("distributed_init_method"),
         "sglang.timeout_s": a.get("timeout"),
     }
 
@@ -53,7 +53,7 @@ def _group(call: Call) -> dict[str, Any]:
     a = call.arguments
     ranks = a.get("group_ranks") or []
     return {
-        "sglang.group_name": a.get("group_name") or "anonymous",
+        keys.GROUP_NAME: a.get("group_name") or "anonymous",
         "sglang.group_count": len(ranks),
         "sglang.group_size": len(ranks[0]) if ranks else None,
         "sglang.group_ranks": str(ranks)[:512],

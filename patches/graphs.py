@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..tracing import keys
 from ._attrs import class_name, draft_attrs, read
 from .spec import Call, Phase, Report
 
@@ -35,9 +36,9 @@ def _capture(call: Call) -> dict[str, Any]:
     shapes = read(runner, "capture_bs") or []
     return {
         "sglang.runner_class": class_name(runner),
-        "sglang.capture_shapes": len(shapes),
+        keys.CAPTURE_SHAPES: len(shapes),
         "sglang.capture_bs": [int(s) for s in shapes][:256],
-        "sglang.is_draft": bool(read(read(runner, "model_runner"), "is_draft_worker")),
+        keys.IS_DRAFT: bool(read(read(runner, "model_runner"), "is_draft_worker")),
     }
 
 
@@ -49,8 +50,8 @@ def _shape(call: Call) -> Report:
         attrs={
             "sglang.runner_class": class_name(call.instance),
             "sglang.batch_size": size,
-            "sglang.shape_index": shapes.index(size) + 1 if known else None,
-            "sglang.capture_shapes": len(shapes) or None,
+            keys.SHAPE_INDEX: shapes.index(size) + 1 if known else None,
+            keys.CAPTURE_SHAPES: len(shapes) or None,
             "sglang.variant": call.arg("variant_label"),
         },
         progress={"done": shapes.index(size), "total": len(shapes), "unit": "shapes"} if known else None,

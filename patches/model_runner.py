@@ -7,6 +7,7 @@ import os
 import struct
 from typing import Any
 
+from ..tracing import keys
 from ._attrs import class_name, draft_attrs, read
 from .spec import Call, Phase, Report
 
@@ -28,9 +29,9 @@ ITERATORS = (  # every weights iterator SGLang may pick (by load format and flag
 def _runner(call: Call) -> dict[str, Any]:
     a = call.arguments
     return {
-        "sglang.is_draft": bool(a.get("is_draft_worker", False)),
+        keys.IS_DRAFT: bool(a.get("is_draft_worker", False)),
         "sglang.draft_model_idx": a.get("draft_model_idx"),
-        "sglang.gpu_id": a.get("gpu_id"),
+        keys.GPU_ID: a.get("gpu_id"),
     }
 
 

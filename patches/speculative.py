@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..tracing import keys
 from ._attrs import class_name, read, tensor_attrs
 from .spec import Call, Phase
 
@@ -44,7 +45,7 @@ def _set_embed_head(call: Call) -> dict[str, Any]:
 
 
 def _draft_graph_runner(call: Call) -> dict[str, Any]:
-    return {"sglang.runner_class": class_name(call.instance), "sglang.is_draft": True}
+    return {"sglang.runner_class": class_name(call.instance), keys.IS_DRAFT: True}
 
 
 PHASES = (

@@ -131,10 +131,20 @@ class _Journal:
         self.path.write_text("\n".join(self.lines) + "\n" + tail)
 
 
-def _process(j: _Journal, t: int, pid: int, label: str, role: str, run_id: str, ident: dict[str, Any]) -> None:
-    attrs = {"host.name": HOST, "process.pid": pid, "sglang.role": role, "sglang.rank": label, **ident}
-    ppid = LAUNCHER_PID if role == "rank" else 1
-    j.write(records.process(t, pid, ppid, HOST, run_id, t, {"service.name": "sglang", **attrs}))
+def _process(
+    j: _Journal,
+    t: int,
+    pid: int,
+    label: str,
+    role: str,
+    run_id: str,
+    ident: dict[str, Any],
+    host: str = HOST,
+    launcher_pid: int = LAUNCHER_PID,
+) -> None:
+    attrs = {"host.name": host, "process.pid": pid, "sglang.role": role, "sglang.rank": label, **ident}
+    ppid = launcher_pid if role == "rank" else 1
+    j.write(records.process(t, pid, ppid, host, run_id, t, {"service.name": "sglang", **attrs}))
     j.write(records.identity(t, label, role, attrs))
 
 
@@ -316,3 +326,89 @@ def _heartbeat(pid: int, label: str, t: int, busy: bool, ready: bool) -> dict[st
         ]
         collective = {"op": "barrier", "group": "tp", "seq": 4, "since_s": 2.0}
     return records.heartbeat(t, 3, pid, label, ready, 5.0, phases, 0.4, 2_500_000_000, 12, collective=collective)
+
+
+@dataclass
+class NodeRun:
+    path: Path
+    host: str
+    labels: list[str]  # rank labels (``tp2``), in rank order
+    pids: dict[str, int]  # label -> pid (``launcher`` included)
+    trace: str  # the trace id this node's spans started with
+
+
+def build_node(
+    path: Path,
+    node: int,
+    nnodes: int,
+    *,
+    ranks: int = 2,
+    spans: int = 20,
+    local_trace: str,
+    agreed_trace: str | None = None,
+    skew_s: float = 0.0,
+    open_rank: int | None = None,
+    end_ns: int | None = None,
+) -> NodeRun:
+    """One node's run directory of a multi-node launch, as that node's launcher writes it: its
+    launcher (``launcher`` on node 0, ``launcher-node1`` …) and its ``ranks`` ranks (tp ranks
+    ``node * ranks`` on), every identity stamped with ``sglang.node_rank``/``sglang.nnodes``.
+
+    Its spans carry ``local_trace``; its launcher's ``launch`` record maps it to ``agreed_trace``
+    (None: the node never learnt the launch's id, no ``launch`` record). Its host's clock is
+    ``skew_s`` ahead of the caller's (every time shifted); ``open_rank`` (an index on this node)
+    stays in its distributed init, still running."""
+    end_ns = (end_ns or time.time_ns()) + int(skew_s * S)
+    host = f"node{node}-host"
+    run_id = path.name
+    for sub in ("journal", "status", "stacks"):
+        (path / sub).mkdir(parents=True, exist_ok=True)
+    node_attrs = {keys.NODE_RANK: node, keys.NNODES: nnodes}
+    launcher_pid = 10_000 * (node + 1)
+    labels = [f"tp{node * ranks + r}" for r in range(ranks)]
+    pids = {"launcher": launcher_pid, **{label: launcher_pid + 1 + r for r, label in enumerate(labels)}}
+    t0 = end_ns - 30 * S
+    launcher = _Journal(path / "journal" / f"{host}-{launcher_pid}.jsonl")
+    launcher_label = f"launcher-node{node}" if node else "launcher"
+    _process(launcher, t0, launcher_pid, launcher_label, "launcher", run_id, node_attrs, host, launcher_pid)
+    root = launcher.span_id(1000 + node)
+    launcher.write(
+        records.begin(
+            t0, root, None, local_trace, "sglang.launch", {keys.PHASE: keys.PHASE_LAUNCH_ENGINE}, "MainThread"
+        )
+    )
+    if agreed_trace is not None:
+        launcher.write(
+            records.launch(
+                t0 + S // 2,
+                agreed_trace,
+                local_trace=local_trace if local_trace != agreed_trace else None,
+                launch_id=None,
+                source="rendezvous",
+                node_rank=node,
+                nnodes=nnodes,
+                rendezvous="127.0.0.1:29500",
+            )
+        )
+    latest = t0
+    for r, label in enumerate(labels):
+        pid = pids[label]
+        tp = node * ranks + r
+        j = _Journal(path / "journal" / f"{host}-{pid}.jsonl")
+        start = t0 + S + r * 1_000_000
+        ident = {"sglang.tp_rank": tp, "sglang.gpu_id": r, **node_attrs}
+        _process(j, start, pid, label, "rank", run_id, ident, host, launcher_pid)
+        stuck = r == open_rank
+        t, opened = _rank(
+            j, local_trace, root, label, tp + 1, start, spans, slow=False, stuck=stuck, waiting=False, fail=False
+        )
+        last_beat = end_ns - S if opened else t
+        beat = _heartbeat(pid, label, last_beat, opened, ready=not opened)
+        j.write(beat)
+        (path / "status" / f"{host}-{pid}.json").write_text(json.dumps(beat))
+        j.save()
+        latest = max(latest, t)
+    if open_rank is None:
+        launcher.write(records.end(latest + S // 5, root, "ok", {}))
+    launcher.save()
+    return NodeRun(path, host, labels, pids, local_trace)

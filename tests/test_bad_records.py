@@ -51,6 +51,9 @@ VALID: dict[str, dict[str, Any]] = {
     "diagnosis": records.diagnosis(T, "straggler", "tp9", 4242, "x", 1.0, "m", {"tp0": "barrier"}, []),
     "warning": records.warning(T, "w"),
     "exit": records.exit(T, 4242, HOST, "tp9", None, "SIGKILL"),
+    "launch": records.launch(
+        T, "f" * 32, local_trace="e" * 32, launch_id=None, source="rendezvous", node_rank=1, nnodes=2, rendezvous="h:1"
+    ),
 }
 BAD: dict[str, list[tuple[str, Any]]] = {
     "process": [
@@ -113,6 +116,7 @@ BAD: dict[str, list[tuple[str, Any]]] = {
     ],
     "warning": [("message", {}), ("message", None)],
     "exit": [("pid", None), ("signal", 9), ("code", "1")],
+    "launch": [("trace", None), ("trace", "xyz"), ("local_trace", 5), ("node_rank", "1"), ("rendezvous", {})],
 }
 
 

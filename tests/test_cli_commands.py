@@ -12,14 +12,17 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from cli_fixtures import FAIL_MESSAGE, PEER_WAIT_PHASE, STALL_PHASE, SyntheticRun, build_run
 from conftest import requires_sglang
+from sglang_phasetrace.tracing import rundir
 from sglang_phasetrace.tracing.cli import findings as findings_module
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.diagnose import Finding
+from sglang_phasetrace.tracing.render.lanes import Layout, layout
 
 VERBS = ("run", "status", "timeline", "compare", "report", "export", "doctor", "bundle", "env", "preflight")
 
@@ -166,6 +169,81 @@ def test_corrupt_lines_reported_once_with_file_and_line_and_the_rest_used(
         assert err.count(where + ":") == 1, err
     phases = {p["phase"]: p for p in json.loads(out)["phases"]}
     assert set(phases["rank"]["per_rank_s"]) == set(run.labels)  # the damaged journals still count
+
+
+def _state(run: rundir.RunView) -> list:
+    """Everything a reader uses of each process, comparable."""
+    out = []
+    for proc in run.processes:
+        fields = {k: v for k, v in vars(proc).items() if k != "spans"}
+        spans = [tuple(getattr(s, f) for f in s.__slots__) for s in proc.spans.values()]
+        out.append((fields, spans))
+    return out
+
+
+def _bars(lay: Layout) -> list:
+    return [
+        (lane.label, lane.state, [(b.uid, b.depth, b.key, b.span.start, b.end, b.span.status) for b in lane.bars])
+        for lane in lay.lanes
+    ]
+
+
+@pytest.mark.parametrize("name", ["stalled", "failed"])
+def test_a_large_run_read_on_two_cores_is_the_same_run(
+    runs: dict[str, SyntheticRun], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI reads a large run with a forked child (the last journals): the same processes, spans
+    and ``file:line`` problems as read in one process; a child that fails changes nothing either."""
+    if threading.active_count() > 1:
+        pytest.skip("another thread runs in this test process: the read is never forked then")
+    path = runs[name].path
+    serial = rundir.load_run(path)
+    monkeypatch.setattr(rundir._Child, "MIN_BYTES", 0)
+    monkeypatch.setattr(rundir._Child, "SHARE", 0.75)  # the child reads the damaged journals too
+    started: list[rundir._Child] = []
+    start = rundir._Child.start
+
+    def spy(journals: list[Path], final: bool, shallow: int | None = None) -> rundir._Child | None:
+        child = start(journals, final, shallow)
+        started.append(child)
+        return child
+
+    monkeypatch.setattr(rundir._Child, "start", staticmethod(spy))
+    parallel = rundir.load_run(path, parallel=True)
+    assert started and started[0] is not None and 0 < started[0].first < len(list((path / "journal").iterdir()))
+    assert parallel.problems == serial.problems
+    if name == "stalled":  # a problem the child found comes back with its file:line
+        assert any(problem.startswith(str(p)) for p in started[0].journals for problem in parallel.problems)
+    assert _state(parallel) == _state(serial)
+    assert [r.path for _, r in parallel._tails.values()] == [r.path for _, r in serial._tails.values()]
+
+    for depth in (0, 1, 2):  # a timeline's read: the child sends only what is drawn, the same lanes
+        shallow = rundir.load_run(path, parallel=True, shallow=depth)
+        assert _bars(layout(shallow, depth=depth)) == _bars(layout(serial, depth=depth))
+        assert shallow.problems == serial.problems
+
+    def broken(path: Path, final: bool, shallow: int | None = None) -> tuple:
+        raise RuntimeError("the child fails")
+
+    monkeypatch.setattr(rundir, "_pack", broken)  # runs in the child: it exits 1, the parent reads all
+    again = rundir.load_run(path, parallel=True)
+    assert again.problems == serial.problems and _state(again) == _state(serial)
+
+
+def test_a_secret_in_a_phase_key_is_redacted_by_every_verb_that_shows_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """compare lays a run out without redacting attributes (it shows none): the keys it shows
+    are redacted all the same, as timeline's and the report's are."""
+    run = build_run(tmp_path / "run", ranks=2, spans=12)
+    secret = "hf_abcdefghijklmnopqrstuvwxyz0123"
+    for journal in (run.path / "journal").glob("*.jsonl"):
+        journal.write_text(
+            journal.read_text().replace('"sglang.group_name":"tp"', f'"sglang.group_name":"tp {secret}"')
+        )
+    for argv in (["compare", "--json"], ["compare"], ["timeline", "--depth", "4", "--width", "200"]):
+        code, out, _err = run_cli(capsys, argv[0], str(run.path), *argv[1:])
+        assert code == 0 and "[REDACTED]" in out and secret not in out and "abcdefghij" not in out, (argv, out)
 
 
 # -- timeline ------------------------------------------------------------------------------------------

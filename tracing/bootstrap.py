@@ -40,7 +40,7 @@ def activate(boot_ns: int | None = None) -> None:
     if boot_ns:
         rt.boot_ns = boot_ns
     if not os.environ.get(keys.ENV_RUN_DIR):  # planned now, created at the first phase: every
-        os.environ[keys.ENV_RUN_DIR] = str(runtime.new_run_dir())  # process spawned from here shares it
+        os.environ[keys.ENV_RUN_DIR] = rt.planned_run_dir = str(runtime.new_run_dir())  # spawned ones share it
     skip = {name.strip() for name in os.environ.get(keys.ENV_DISABLE_PATCHES, "").split(",") if name.strip()}
     if skip:
         patches.PHASES = tuple(p for p in patches.PHASES if p.name not in skip)

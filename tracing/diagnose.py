@@ -37,7 +37,8 @@ from .rundir import ProcessRec, RunView
 NS = 1_000_000_000
 _P2P = {"send", "recv", "send_object", "recv_object", "send_tensor_dict", "recv_tensor_dict"}  # paired, not divergent
 _MEMBERS = re.compile(r"\[(\d+(?:,\d+)*)\]$")
-ALARMS = frozenset({"silent", "straggler", "divergence", "no_progress"})
+ALARMS = frozenset({"silent", "straggler", "divergence", "no_progress", "rendezvous"})
+RENDEZVOUS = "dist.init_process_group"  # the phase where ranks meet at the launch's rendezvous (HOST:PORT)
 # What counts as working, per heartbeat interval (a rank blocked in gloo/NCCL uses ~1 % of a core).
 CPU_BUSY_PCT, GPU_BUSY_PCT, IO_BUSY_BPS, MAJFLT_BUSY = 25.0, 10.0, 64 * 1024, 8
 _STATES = {
@@ -315,9 +316,11 @@ def analyze(run: RunView, now_ns: int, thresholds: Thresholds | None = None, *, 
             if finding is not None:
                 findings.append(finding)
     findings += _divergence(ranks)
+    findings += _rendezvous(active, ranks, now_ns, th)
 
     stalled = [p for p in active if (now_ns - p.last_progress_t) / NS >= th.stall_s]
-    explained = ("straggler", "divergence", "busy", "slow")  # a busy or progressing rank is not "nothing moved"
+    # a busy or progressing rank is not "nothing moved"; ranks waiting at the rendezvous are said so
+    explained = ("straggler", "divergence", "busy", "slow", "rendezvous")
     if len(stalled) == len(active) and not any(f.kind in explained for f in findings):
         quiet = min((now_ns - p.last_progress_t) / NS for p in active)
         if quiet >= th.no_progress_s:
@@ -337,6 +340,39 @@ def analyze(run: RunView, now_ns: int, thresholds: Thresholds | None = None, *, 
     return findings if notices else [f for f in findings if f.alarm]
 
 
+def _rendezvous(active: list[ProcessRec], ranks: list[ProcessRec], now: int, th: Thresholds) -> list[Finding]:
+    """Every rank still initialising has waited ``stall_s`` in the rendezvous: no rank here to blame
+    (the others, on other nodes, never joined, or the address is not reachable from here)."""
+    waiting = [p for p in active if (c := p.current) is not None and c.phase == RENDEZVOUS]
+    if not waiting or len(waiting) != len(active):
+        return []
+    since = min((now - (p.current.start if p.current else now)) / NS for p in waiting)
+    if since < th.stall_s:
+        return []
+    first, span = waiting[0], waiting[0].current
+    addr = str(span.attrs.get(keys.INIT_METHOD) or "?") if span else "?"
+    world = first.identity.get(keys.WORLD_SIZE) or (span.attrs.get(keys.WORLD_SIZE) if span else None)
+    nodes = {p.node for p in waiting if p.node is not None}
+    on = f" on node-{'/'.join(map(str, sorted(nodes)))}" if nodes else ""
+    labels = ", ".join(p.label for p in waiting)
+    seen = f"{len(ranks)} rank{'' if len(ranks) == 1 else 's'} seen"
+    seen = f"world size {world}, {len(ranks)} seen" if isinstance(world, int) else seen
+    return [
+        Finding(
+            "rendezvous",
+            first.label,
+            first.pid,
+            RENDEZVOUS,
+            since,
+            f"{labels}{on} {'has' if len(waiting) == 1 else 'have'} waited {since:.0f} s in '{RENDEZVOUS}' for "
+            f"the rendezvous at {addr} ({seen}): the other ranks (other nodes) have not joined, or the "
+            "address is not reachable from here",
+            pids=[p.pid for p in waiting],
+            doing="waiting for the rendezvous",
+        )
+    ]
+
+
 def _waiters(s: ProcessRec, active: list[ProcessRec], now: int, min_wait_s: float) -> dict[str, dict[str, Any]]:
     """Peers waiting at least ``min_wait_s`` in a collective of a group ``s`` belongs to and never entered."""
     waiting = {}
@@ -349,17 +385,41 @@ def _waiters(s: ProcessRec, active: list[ProcessRec], now: int, min_wait_s: floa
         if members and world is not None and str(world) not in members.group(1).split(","):
             continue  # s is not in that group
         if s.coll_counts.get(coll["group"], 0) < coll["seq"]:
-            waiting[peer.label] = coll
+            waiting[peer.label] = {**coll, "node": peer.node}
     return waiting
 
 
 def _detail(waiting: dict[str, dict[str, Any]], now: int) -> str:
-    by_wait: dict[str, list[str]] = {}
+    """``tp0..tp7 on node-0 wait in barrier #5 on group 'tp:0[0..15]' since 40 s; …``"""
+    by_wait: dict[tuple[str, Any], list[str]] = {}
     for label, coll in waiting.items():
-        by_wait.setdefault(_wait_text(coll, now), []).append(label)
+        by_wait.setdefault((_wait_text(coll, now), coll.get("node")), []).append(label)
     return "; ".join(
-        f"{', '.join(labels)} {'waits' if len(labels) == 1 else 'wait'} in {text}" for text, labels in by_wait.items()
+        f"{_labels(labels)}{'' if node is None else f' on node-{node}'} {'waits' if len(labels) == 1 else 'wait'} "
+        f"in {text}"
+        for (text, node), labels in by_wait.items()
     )
+
+
+def _labels(labels: list[str]) -> str:
+    """``tp0..tp7, tp9`` for runs of three or more consecutive ranks; other labels as they are."""
+    out: list[str] = []
+    run: list[int] = []
+
+    def close() -> None:
+        out.extend([f"tp{run[0]}..tp{run[-1]}"] if len(run) > 2 else [f"tp{n}" for n in run])
+        run.clear()
+
+    for label in labels:
+        n = int(label[2:]) if label.startswith("tp") and label[2:].isdigit() else None
+        if n is None or (run and n != run[-1] + 1):
+            close()
+        if n is None:
+            out.append(label)
+        else:
+            run.append(n)
+    close()
+    return ", ".join(out)
 
 
 def _waited_on(
@@ -394,7 +454,7 @@ def _waited_on(
             s.pid,
             phase,
             wait_s,
-            f"rank {s.label} (pid {s.pid}) is slow, not stuck: {estimate}, {where}; {detail}",
+            f"rank {s.label} ({s.who}) is slow, not stuck: {estimate}, {where}; {detail}",
             waiting=_texts(waiting, now),
             pids=pids,
             doing=f"slow ({estimate})",
@@ -410,7 +470,7 @@ def _waited_on(
             s.pid,
             phase,
             quiet,
-            f"rank {s.label} (pid {s.pid}) {verdict} {where}{for_s} ({what.text}): {detail}",
+            f"rank {s.label} ({s.who}) {verdict} {where}{for_s} ({what.text}): {detail}",
             waiting=_texts(waiting, now),
             pids=pids,
             doing=f"{what.state} ({what.text})",
@@ -422,7 +482,7 @@ def _waited_on(
             s.pid,
             phase,
             quiet,
-            f"rank {s.label} (pid {s.pid}) is busy, not stuck, {where}: no progress{for_s} ({what.text}): {detail}",
+            f"rank {s.label} ({s.who}) is busy, not stuck, {where}: no progress{for_s} ({what.text}): {detail}",
             waiting=_texts(waiting, now),
             pids=pids,
             doing=f"busy ({what.text})",
@@ -452,7 +512,7 @@ def _silent(p: ProcessRec, age: float, active: list[ProcessRec], now: int, th: T
         p.pid,
         phase,
         age,
-        f"rank {p.label} (pid {p.pid}) is silent: no heartbeat for {age:.0f} s ({cause}), {where}{since}{detail}",
+        f"rank {p.label} ({p.who}) is silent: no heartbeat for {age:.0f} s ({cause}), {where}{since}{detail}",
         waiting=_texts(waiting, now),
         pids=[p.pid],
         doing=f"silent ({cause})",

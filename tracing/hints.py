@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .diagnose import Finding
 from .rundir import ProcessRec, RunView
 
-STALLS = frozenset({"silent", "straggler", "divergence", "no_progress"})
+STALLS = frozenset({"silent", "straggler", "divergence", "no_progress", "rendezvous"})
 CONSEQUENCE = "— a consequence of"  # postmortem's words for a rank that failed after another ended
 
 

@@ -11,7 +11,13 @@ from . import keys
 
 # rank name -> attribute key, in the order labels show them
 RANK_KEYS = {"tp": keys.TP_RANK, "pp": keys.PP_RANK, "dp": keys.DP_RANK, "ep": keys.EP_RANK}
-EXTRA_KEYS = {"world": keys.WORLD_RANK, "world_size": keys.WORLD_SIZE, "gpu": keys.GPU_ID}
+EXTRA_KEYS = {
+    "world": keys.WORLD_RANK,
+    "world_size": keys.WORLD_SIZE,
+    "gpu": keys.GPU_ID,
+    "node": keys.NODE_RANK,
+    "nnodes": keys.NNODES,
+}
 # every key ``Identity.attributes`` may stamp on a span (the journal leaves them to ``identity``)
 IDENTITY_KEYS = frozenset(
     {"host.name", "process.pid", keys.ROLE, keys.RANK_LABEL, *RANK_KEYS.values(), *EXTRA_KEYS.values()}
@@ -38,9 +44,10 @@ class Identity:
 
     @property
     def label(self) -> str:
-        """``tp1``, ``tp0-pp1``, ``tp0-dp1``, ``rank3`` (world rank only), ``launcher``, ``pid4242``."""
-        if self.role == "launcher":
-            return "launcher"
+        """``tp1``, ``tp0-pp1``, ``tp0-dp1``, ``rank3`` (world rank only), ``launcher``,
+        ``launcher-node1`` (another node's), ``pid4242``."""
+        if self.role == "launcher":  # one per node: the first node's is "launcher"
+            return f"launcher-node{self.ranks['node']}" if self.ranks.get("node") else "launcher"
         r = self.ranks
         if "tp" in r:
             parts = [f"tp{r['tp']}"]

@@ -13,6 +13,12 @@ ROLE = "sglang.role"
 RANK_LABEL = "sglang.rank"
 SGLANG_VERSION = "sglang.version"
 RUN_ID = "phasetrace.run_id"
+# Multi-node: which node of the launch this process runs on, and the launch all nodes share.
+NODE_RANK = "sglang.node_rank"
+NNODES = "sglang.nnodes"
+DIST_INIT_ADDR = "sglang.dist_init_addr"  # the rendezvous HOST:PORT every node meets at
+INIT_METHOD = "sglang.init_method"  # on dist.init_process_group: where its ranks meet (tcp://HOST:PORT)
+LAUNCH_ID = "phasetrace.launch_id"  # resource attribute: the launch, whatever trace a node's spans have
 
 # Phase bookkeeping.
 PHASE = "sglang.phase"
@@ -54,4 +60,6 @@ ENV_ABORT_AFTER = "SGLANG_PHASETRACE_ABORT_AFTER_S"  # opt-in: SIGTERM the launc
 ENV_METRICS = "SGLANG_PHASETRACE_METRICS"  # "0": no OTLP metrics even with an endpoint set
 ENV_LAUNCHER = "SGLANG_PHASETRACE_LAUNCHER"  # pid of the traced launcher; its children trace from import
 ENV_TRACEPARENT = "TRACEPARENT"
+ENV_LAUNCH_ID = "SGLANG_PHASETRACE_LAUNCH_ID"  # names the launch on every node (multi-node); overrides job ids
+ENV_NODE = "SGLANG_PHASETRACE_NODE"  # set by a node's launcher for its children: "NODE_RANK/NNODES"
 DEFAULT_BASE_DIR = "phasetrace-runs"

@@ -27,12 +27,13 @@ recorded on the span and propagate unchanged (the wrapper re-raises them).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from . import collectives, exporters, keys, process_state, runtime, spans, watchdog
+from . import collectives, crossnode, exporters, keys, process_state, runtime, spans, watchdog
 from .identity import ranks_from_attrs
 
 log = logging.getLogger("sglang_phasetrace")
@@ -229,31 +230,65 @@ def _start(rt: runtime.Runtime, phase: PhaseSpec, attrs: dict[str, Any]) -> span
                 boot.end()
         return root
     if phase.kind == "launch" and rt.root is None:
-        rt.set_identity(role="launcher", **ranks)
-        root = spans.start_phase(LAUNCH_ROOT, attrs, start_ns=rt.boot_ns, root=True)
-        if root is not None:
-            spans.export_traceparent(root.span)
-            watchdog.start_in_launcher(rt)
-        return root
+        return _launch_root(rt, attrs, attach=True)
     if ranks:
         rt.set_identity(**ranks)
     return spans.start_phase(phase.name, attrs, attach=phase.kind != "generator")
 
 
-def start_launch_root(phase: str, ends_when_ranks_ready: bool) -> None:
+def _launch_root(rt: runtime.Runtime, attrs: dict[str, Any], attach: bool) -> spans.PhaseSpan | None:
+    """The launcher's root ``sglang.launch``, its ranks' parent (TRACEPARENT), and its watchdog;
+    for a node of a multi-node launch, the launch's identity first and the cross-node view after."""
+    node = crossnode.begin(attrs)  # a multi-node launch: which node, and the launch's trace id if known
+    if node is not None and node.launch_id is not None:
+        rt.ids.trace_id = crossnode.trace_id_of(node.launch_id)
+        if not rt.started and os.environ.get(keys.ENV_RUN_DIR) == rt.planned_run_dir:
+            os.environ[keys.ENV_RUN_DIR] = str(runtime.new_run_dir())  # named by the launch: one for all nodes
+    rt.set_identity(role="launcher", **ranks_from_attrs(attrs))
+    root = spans.start_phase(LAUNCH_ROOT, attrs, start_ns=rt.boot_ns, root=True, attach=attach)
+    if root is None:
+        return None
+    spans.export_traceparent(root.span)
+    dog = watchdog.start_in_launcher(rt)
+    if node is not None and dog is not None:
+        try:
+            _join_nodes(rt, dog, node, attrs)
+        except Exception as exc:  # this node is still traced and watched, on its own
+            log.warning("sglang-phasetrace: cross-node view not started: %r", exc)
+    return root
+
+
+def start_launch_root(phase: str, ends_when_ranks_ready: bool, attrs: dict[str, Any] | None = None) -> None:
     """The launcher's root, when tracing starts inside SGLang's entry point (the plugin path: the
-    ``launch`` wrapper is not on the stack). It ends at "ready to roll" as usual for
-    ``launch_server``; for the engine, once the launcher's watchdog sees every rank ready."""
+    ``launch`` wrapper is not on the stack; ``attrs``: what the plugin read of the server args). It
+    ends at "ready to roll" as usual for ``launch_server``; for the engine, once the launcher's
+    watchdog sees every rank ready."""
     rt = runtime.current()
     if rt.root is not None:
         return
-    rt.set_identity(role="launcher")
-    root = spans.start_phase(LAUNCH_ROOT, {keys.PHASE: phase}, start_ns=rt.boot_ns, root=True, attach=False)
-    if root is None:
+    _launch_root(rt, {**(attrs or {}), keys.PHASE: phase}, attach=False)
+    dog = process_state.STATE.launcher_watchdog
+    if dog is not None and ends_when_ranks_ready and dog.when_ranks_ready is None:
+        dog.when_ranks_ready = lambda: _ready(rt)
+
+
+def _join_nodes(rt: runtime.Runtime, dog: watchdog.Watchdog, node: crossnode.Node, attrs: dict[str, Any]) -> None:
+    """A node of a multi-node launch: the cross-node channel, and for node ≥ 1 (whose launcher
+    never returns: it waits for node 0's shutdown) ready when this node's ranks are."""
+    root = rt.root
+    trace = runtime.hexid(root.get_span_context().trace_id, 32) if root is not None else None
+    if trace is None or rt.run_dir is None:
         return
-    spans.export_traceparent(root.span)
-    dog = watchdog.start_in_launcher(rt)
-    if dog is not None and ends_when_ranks_ready:
+    th = dog.thresholds
+    cross = crossnode.CrossNode(node, rt.run_dir, trace, min(th.heartbeat_s, 5.0), th.silent_s + th.heartbeat_s)
+    cross.start(rt.write)
+    dog.crossnode = cross
+    if node.rank >= 1:
+        sizes = [attrs.get(f"sglang.{k}_size") for k in ("tp", "pp")]
+        per_node = 1
+        for size in sizes:
+            per_node *= size if isinstance(size, int) and size > 0 else 1
+        dog.expect_ranks, dog.node = max(1, per_node // node.nnodes), node.rank
         dog.when_ranks_ready = lambda: _ready(rt)
 
 

@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import sys
 import time
+from typing import Any
 
 log = logging.getLogger("sglang_phasetrace")
 ON = ("1", "true", "on", "yes")
@@ -47,23 +48,43 @@ def _process_start_ns() -> int:
         return time.time_ns()
 
 
-def _entry_phase() -> str | None:
-    """Which SGLang entry point called us: ``launch.server`` or ``launch.engine`` (None: neither)."""
+def _entry_phase() -> tuple[str | None, Any]:
+    """Which SGLang entry point called us, ``launch.server`` or ``launch.engine`` (None: neither),
+    and the server args on the stack (None when not found)."""
     frame = sys._getframe(1)
     names = set()
+    server_args = None
     while frame is not None:
         names.add((frame.f_code.co_name, frame.f_globals.get("__name__", "")))
+        if server_args is None:
+            server_args = frame.f_locals.get("server_args")
         frame = frame.f_back
     if any(name == "launch_server" and module.endswith("http_server") for name, module in names):
-        return "launch.server"
+        return "launch.server", server_args
     if any(name == "__init__" and module.endswith("entrypoints.engine") for name, module in names):
-        return "launch.engine"
-    return None
+        return "launch.engine", server_args
+    return None, server_args
+
+
+def _node_attrs(server_args: Any) -> dict[str, Any]:
+    """A multi-node launch's node attributes from the server args (empty on a single node)."""
+    from . import keys
+
+    nnodes = getattr(server_args, "nnodes", None)
+    if not isinstance(nnodes, int) or nnodes < 2:
+        return {}
+    return {
+        keys.NNODES: nnodes,
+        keys.NODE_RANK: getattr(server_args, "node_rank", 0) or 0,
+        keys.DIST_INIT_ADDR: getattr(server_args, "dist_init_addr", None),
+        **{f"sglang.{k}_size": getattr(server_args, f"{k}_size", None) for k in ("tp", "pp")},
+    }
 
 
 def _start_launch_root() -> None:
     from . import phases
 
-    phase = _entry_phase()
+    phase, server_args = _entry_phase()
     if phase is not None:
-        phases.start_launch_root(phase, ends_when_ranks_ready=phase == "launch.engine")
+        attrs = {k: v for k, v in _node_attrs(server_args).items() if v is not None}
+        phases.start_launch_root(phase, ends_when_ranks_ready=phase == "launch.engine", attrs=attrs)

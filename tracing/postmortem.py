@@ -111,7 +111,7 @@ def describe(ending: Ending, root: Ending | None) -> str:
     where = f" in '{ending.phase}'" if ending.phase else " before its first phase"
     after = f" after {ending.in_phase_s:.0f} s" if ending.in_phase_s is not None else ""
     verb = "" if how.startswith(("failed", "is gone")) else "was "
-    text = f"rank {p.label} (pid {p.pid}) {verb}{how}{where}{after}"
+    text = f"rank {p.label} ({p.who}) {verb}{how}{where}{after}"
     if root is not None and root is not ending:
         text += (
             f" — a consequence of {root.proc.label}'s {'failure' if root.failed else 'death'} "

@@ -32,6 +32,7 @@ class Rewritten:
     changed: list[str]  # "--load-format auto → dummy", "added --speculative-draft-load-format dummy"
     model_path: str | None
     draft_path: str | None
+    node_rank: int = 0  # ``--node-rank`` of a multi-node launch (each node runs its own pre-flight)
 
 
 def _server_args_start(command: list[str]) -> int:
@@ -92,7 +93,9 @@ def rewrite(command: list[str], shrink: bool = False, total_tokens: int = SHRUNK
         if at is None or at[1] is None or not at[1].isdigit() or int(at[1]) > total_tokens:
             _set(args, "--max-total-tokens", str(total_tokens), changed)
     model = _find(args, MODEL_PATH)
-    return Rewritten(head + args, changed, model[1] if model else None, draft[1] if draft else None)
+    node = _find(args, ("--node-rank",))
+    node_rank = int(node[1]) if node and node[1] and node[1].isdigit() else 0
+    return Rewritten(head + args, changed, model[1] if model else None, draft[1] if draft else None, node_rank)
 
 
 @dataclass

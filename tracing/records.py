@@ -28,6 +28,11 @@ Kinds (schema version 1):
 ``diagnosis``  a stall the watchdog found: ``message``; ``finding``, ``label``, ``pid``, ``phase``,
                ``since_s``, ``waiting`` (label -> what it waits in), ``stacks`` (file names)
 ``warning``    something we could not do: ``message``
+``launch``     which launch this node belongs to (multi-node), written by the node's launcher once it
+               knows: ``trace`` (32 hex, the launch's trace id); ``local_trace`` (the trace id this
+               node's spans started with, when it differs: readers and exports map it to ``trace``),
+               ``launch_id``, ``source`` (an environment variable's name, or ``rendezvous``),
+               ``node_rank``, ``nnodes``, ``rendezvous`` (HOST:PORT)
 ``exit``       how another process ended, written by the one that saw it go (its parent, a watcher):
                ``pid``; ``host``, ``label``, ``code`` (exit status) or ``signal`` (its name)
 """
@@ -212,6 +217,30 @@ def warning(t: int, message: str) -> Record:
 
 def exit(t: int, pid: int, host: str, label: str, code: int | None, signal: str | None) -> Record:
     return {"kind": "exit", "t": t, "pid": pid, "host": host, "label": label, "code": code, "signal": signal}
+
+
+def launch(
+    t: int,
+    trace: str,
+    *,
+    local_trace: str | None,
+    launch_id: str | None,
+    source: str,
+    node_rank: int,
+    nnodes: int,
+    rendezvous: str | None,
+) -> Record:
+    return {
+        "kind": "launch",
+        "t": t,
+        "trace": trace,
+        "local_trace": local_trace,
+        "launch_id": launch_id,
+        "source": source,
+        "node_rank": node_rank,
+        "nnodes": nnodes,
+        "rendezvous": rendezvous,
+    }
 
 
 # -- validation (readers) --------------------------------------------------------------------------
@@ -440,6 +469,15 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
     ),
     "warning": (_f("message", STR, True),),
     "exit": (_f("pid", INT, True), _f("host", STR), _f("label", STR), _f("code", INT), _f("signal", STR)),
+    "launch": (
+        _f("trace", STR, True, _TRACE),
+        _f("local_trace", STR, deep=_TRACE),
+        _f("launch_id", STR),
+        _f("source", STR),
+        _f("node_rank", INT),
+        _f("nnodes", INT),
+        _f("rendezvous", STR),
+    ),
 }
 KINDS = frozenset(SCHEMA)
 

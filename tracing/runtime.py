@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import StatusCode
 
-from . import exporters, files, keys, process_state, procs, records
+from . import crossnode, exporters, files, keys, process_state, procs, records
 from .identity import IDENTITY_KEYS, Identity
 from .journal import JournalWriter
 from .redact import redact
@@ -45,6 +45,10 @@ def new_run_dir() -> Path:
     and not resolved, so a link in place of the base is seen (and refused) when it is created."""
     base = Path(os.environ.get(keys.ENV_BASE_DIR) or keys.DEFAULT_BASE_DIR)
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    node = crossnode.node_from_env()
+    launch = crossnode.launch_from_env() if node is not None else None
+    if launch is not None:  # every node of the launch: one directory on a shared filesystem
+        run_id = "launch-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in launch[0])[:96]
     return Path(os.path.abspath(base / run_id))
 
 
@@ -64,6 +68,9 @@ class PrivateIdGenerator(IdGenerator):
 
     _random = random.SystemRandom()
 
+    def __init__(self) -> None:
+        self.trace_id: int | None = None  # a multi-node launch named by its environment: every node's
+
     def generate_span_id(self) -> int:
         while True:
             span_id = self._random.getrandbits(64)
@@ -71,6 +78,8 @@ class PrivateIdGenerator(IdGenerator):
                 return span_id
 
     def generate_trace_id(self) -> int:
+        if self.trace_id is not None:
+            return self.trace_id
         while True:
             trace_id = self._random.getrandbits(128)
             if trace_id:
@@ -225,6 +234,8 @@ class Runtime:
         self.off: str | None = None  # why tracing could not start here (then it never does)
         self.ready = False
         self.root: Span | None = None
+        self.ids = PrivateIdGenerator()
+        self.planned_run_dir: str | None = None  # the run directory activation chose (before the launch was known)
         self.run_dir: Path | None = None
         self.journal: JournalWriter | None = None
         self.provider: TracerProvider | None = None
@@ -263,7 +274,7 @@ class Runtime:
             # Not shut down by the SDK at exit: that joins the export thread for up to 30 s, however
             # long a collector that does not answer holds it; lifecycle flushes with a bound instead.
             provider = TracerProvider(
-                resource=resource, sampler=ALWAYS_ON, id_generator=PrivateIdGenerator(), shutdown_on_exit=False
+                resource=resource, sampler=ALWAYS_ON, id_generator=self.ids, shutdown_on_exit=False
             )
             # Neither the journal nor the exporter raises: a failure of one never stops the other.
             provider.add_span_processor(JournalProcessor(self.journal, self.open))
@@ -327,6 +338,7 @@ class Runtime:
             "service.name": os.environ.get("OTEL_SERVICE_NAME") or "sglang",
             keys.RUN_ID: self.run_dir.name if self.run_dir else "",
             **self.identity.attributes(),
+            **crossnode.node_attrs(),
         }
         version = sglang_version()
         if version:

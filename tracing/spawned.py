@@ -56,7 +56,7 @@ def not_started(run: Any, now_ns: int, stall_s: float, no_progress_s: float) -> 
                 proc.pid,
                 None,
                 age,
-                f"rank {proc.label} (pid {proc.pid}) was started {age:.0f} s ago and has not reached "
+                f"rank {proc.label} ({proc.who}) was started {age:.0f} s ago and has not reached "
                 f"its first phase ({state}){peers}",
                 pids=[proc.pid],
             )

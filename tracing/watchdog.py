@@ -54,6 +54,9 @@ class Watchdog:
         self.named: set[int] = set()  # pids a verdict has named
         self.quick = False  # last words: verdict lines only
         self.when_ranks_ready: Callable[[], None] | None = None  # called once, when every rank is ready
+        self.expect_ranks = 1  # ... and there are at least this many (a node ≥ 1 of a multi-node launch)
+        self.node: int | None = None  # that node's rank: its own ranks are the ones it waits for
+        self.crossnode: Any = None  # ``crossnode.CrossNode`` on a node of a multi-node launch
         stacks.stack_signal()  # a bad setting is said now, once
         self.thresholds = thresholds or Thresholds.from_env()
         self.out = out if out is not None else sys.stderr
@@ -73,11 +76,14 @@ class Watchdog:
         """One pass: read what is new, analyze, act on findings not reported yet. Returns them."""
         with self.lock:
             self.run.refresh()
-            ranks = self.run.ranks
-            if self.when_ranks_ready is not None and ranks and all(p.ready for p in ranks):
+            now_ns = now_ns or time.time_ns()
+            notices = self.crossnode.exchange(self.run, now_ns) if self.crossnode is not None else []
+            for notice in notices:
+                print(f"{PREFIX} NOTICE {redact_text(notice)}", file=self.out, flush=True)
+            local = [p for p in self.run.ranks if p.remote is None and p.node in (None, self.node)]
+            if self.when_ranks_ready is not None and len(local) >= self.expect_ranks and all(p.ready for p in local):
                 done, self.when_ranks_ready = self.when_ranks_ready, None
                 done()
-            now_ns = now_ns or time.time_ns()
             self._look_for_exits()
             th = self.thresholds
             findings = postmortem.findings(self.run, self.gone)
@@ -187,6 +193,8 @@ class Watchdog:
             from .snapshot import incomplete_spans
 
             for proc in involved:
+                if proc.remote is not None:  # another node's: that node exports its own spans
+                    continue
                 for span in incomplete_spans(proc, time.time_ns(), finding.message):
                     self._exporter.on_end(span)
             exporters.flush(self._exporter, 5.0)  # bounded: a collector that does not answer holds no pass
@@ -256,10 +264,17 @@ def start_in_launcher(rt: runtime.Runtime) -> Watchdog | None:
         return None
     os.environ[keys.ENV_LAUNCHER] = str(os.getpid())  # ranks spawned from here start tracing at import
     dog = process_state.STATE.launcher_watchdog = Watchdog(rt.run_dir, record=rt.write)
-    rt.on_ready.append(dog.stop.set)
+    rt.on_ready.append(lambda: _ready(dog))
     atexit.register(launcher_last_words)  # a launch that ends before ready: its post-mortem
     threading.Thread(target=dog.loop, name="phasetrace-watchdog", daemon=True).start()
     return dog
+
+
+def _ready(dog: Watchdog) -> None:
+    """The launcher is ready: the watchdog stops; a node of a multi-node launch sends its last word."""
+    dog.stop.set()
+    if dog.crossnode is not None:
+        dog.crossnode.finish()
 
 
 def launcher_last_words() -> None:

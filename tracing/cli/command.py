@@ -7,6 +7,7 @@ import os
 import stat
 import sys
 import traceback
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -18,6 +19,12 @@ from ..rundir import JOURNAL_DIR, RunView, load_run
 # Exit codes beyond 0 (fine), 1 (error) and 2 (bad usage, from argparse).
 EXIT_STALLED = 3
 EXIT_FAILED = 4
+
+
+RUN_DIRS_HELP = (
+    "a run directory (holds journal/); several (one per node of a multi-node launch, copied from "
+    "each host) are shown as one launch"
+)
 
 
 class CommandError(Exception):
@@ -68,18 +75,30 @@ def check_run_dir(path: str | Path, journal: bool = True) -> Path:
     return path
 
 
-def open_run(path: str | Path) -> RunView:
-    """Load a run directory; journal lines that cannot be used are reported once, on stderr."""
+def open_run(path: str | Path, *more: str | Path, shallow: int | None = None) -> RunView:
+    """Load a run directory, or several as one launch (one per node of a multi-node launch);
+    journal lines that cannot be used are reported once, on stderr. ``shallow``: the caller draws
+    spans down to that depth only (``RunView.refresh``)."""
+    paths = [check_run_dir(p) for p in (path, *more)]
     try:
-        run = load_run(check_run_dir(path))
+        run = load_run(*paths, parallel=True, shallow=shallow)
     except FileNotFoundError as exc:
         raise CommandError(str(exc)) from None
     for proc in run.processes:  # a bad status file is said here, with the journals' problems
         run.status_file(proc)
     report_problems(run)
     if not run.processes:
-        raise CommandError(f"{path}: no process journal in {Path(path) / 'journal'}")
+        where = ", ".join(str(p / JOURNAL_DIR) for p in run.paths)
+        raise CommandError(f"{', '.join(map(str, run.paths))}: no process journal in {where}")
     return run
+
+
+def run_side(arg: str) -> list[str]:
+    """``DIR0,DIR1`` (one launch, a directory per node) as its directories; a directory whose own
+    name holds a comma stays whole."""
+    if "," not in arg or os.path.isdir(arg):
+        return [arg]
+    return [p for p in arg.split(",") if p] or [arg]
 
 
 def report_problems(run: RunView, said: set[str] | None = None) -> None:
@@ -102,6 +121,26 @@ def write_output(data: str | bytes, output: str | None) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(raw)
+    except OSError as exc:
+        raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def write_chunks(chunks: Iterable[bytes], output: str | None) -> None:
+    """``write_output`` of a document made a piece at a time (a large export), each piece written
+    as it comes."""
+    if output in (None, "-"):
+        sys.stdout.flush()
+        out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else None
+        for chunk in chunks:
+            out.write(chunk) if out is not None else sys.stdout.write(chunk.decode())
+        sys.stdout.flush()
+        return
+    path = Path(output)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
     except OSError as exc:
         raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from None
 

@@ -8,7 +8,7 @@ import json
 from ..render.compare_table import ranks_table, runs_table
 from ..render.lanes import layout
 from ..render.phase_stats import between_runs, within_run
-from .command import CommandError, make_console, open_run
+from .command import CommandError, make_console, open_run, run_side
 
 
 class Compare:
@@ -25,17 +25,24 @@ A phase a rank runs several ways is split by its variant (e.g. 'model.load_weigh
 Phases that never ended count up to the end of the run and are marked (open).
 
   phasetrace compare RUN_DIR
-  phasetrace compare runs/eagle-steps2 runs/eagle-steps3 --json > delta.json"""
+  phasetrace compare runs/eagle-steps2 runs/eagle-steps3 --json > delta.json
+  phasetrace compare n0/A,n1/A n0/B,n1/B     # multi-node runs: each side's directories, comma-joined"""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="one run (ranks) or two runs (A then B)")
+        parser.add_argument(
+            "runs",
+            nargs="+",
+            metavar="RUN_DIR",
+            help="one run (ranks) or two runs (A then B); a multi-node run is its directories joined "
+            "with commas, one per node: DIR0,DIR1",
+        )
         parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
         parser.add_argument("--top", type=int, metavar="N", help="show only the first N phases")
 
     def run(self, args: argparse.Namespace) -> int:
         if len(args.runs) > 2:
             raise CommandError(f"takes one run directory (ranks) or two (A B), not {len(args.runs)}", 2)
-        lays = [layout(open_run(path)) for path in args.runs]
+        lays = [layout(open_run(*run_side(arg)), attrs=False) for arg in args.runs]  # it shows no attributes
         console = make_console()
         if len(lays) == 1:
             stats = within_run(lays[0])

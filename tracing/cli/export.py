@@ -9,12 +9,12 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ..diagnose import Finding
-from ..render.jaeger import to_jaeger
+from ..render.jaeger import jaeger_chunks, to_jaeger
 from ..render.jsonout import dumps
 from ..render.lanes import Layout, layout
 from ..render.otlp_json import to_otlp_json
 from ..render.perfetto import to_perfetto
-from .command import CommandError, open_run, write_output
+from .command import RUN_DIRS_HELP, CommandError, open_run, write_chunks, write_output
 from .findings import findings
 
 FORMATS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -29,6 +29,9 @@ def export_file(lay: Layout, fmt: str, output: str | None, found: list[Finding] 
     """The verdict's culprit phase is flagged; ``found`` defaults to the verdicts at the run's last
     record (like the report: an old run is not judged by today's clock)."""
     found = findings(lay.run, lay.end) if found is None else found
+    if fmt == "jaeger":  # the largest: written a lane at a time
+        write_chunks(jaeger_chunks(lay, found), output)
+        return
     write_output(dumps(FORMATS[fmt](lay, found)), output)
 
 
@@ -76,15 +79,19 @@ for it carry phasetrace.waiting_for.
 
   phasetrace export RUN_DIR --format perfetto -o startup.json
   phasetrace export RUN_DIR --endpoint http://localhost:4318            # OTLP/HTTP to a collector
-  phasetrace export RUN_DIR --endpoint localhost:4317 --protocol grpc"""
+  phasetrace export RUN_DIR --endpoint localhost:4317 --protocol grpc
+  phasetrace export node0/RUN_DIR node1/RUN_DIR -o launch.json   # multi-node: one trace"""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds journal/)")
+        parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help=RUN_DIRS_HELP)
         parser.add_argument(
             "--format", "-f", choices=sorted(FORMATS), default="jaeger", help="file format (default jaeger)"
         )
         parser.add_argument(
-            "-o", "--output", metavar="FILE", help="output file, '-' for stdout (default: RUN_DIR/export-<format>.json)"
+            "-o",
+            "--output",
+            metavar="FILE",
+            help="output file, '-' for stdout (default: export-<format>.json in the first RUN_DIR)",
         )
         parser.add_argument("--endpoint", metavar="URL", help="send over OTLP to this collector instead of a file")
         parser.add_argument(
@@ -99,13 +106,13 @@ for it carry phasetrace.waiting_for.
         parser.add_argument("--timeout", type=float, default=10.0, metavar="S", help="OTLP request timeout")
 
     def run(self, args: argparse.Namespace) -> int:
-        lay = layout(open_run(args.run_dir))
+        lay = layout(open_run(*args.run_dirs))
         if args.endpoint:
             headers = dict(h.split("=", 1) for h in args.header if "=" in h)
             n = send(lay, args.endpoint, args.protocol, headers, args.timeout)
             print(f"sent {n} spans from {len(lay.lanes)} processes to {args.endpoint} ({args.protocol})")
             return 0
-        output = args.output or str(Path(args.run_dir) / f"export-{args.format}.json")
+        output = args.output or str(Path(args.run_dirs[0]) / f"export-{args.format}.json")
         export_file(lay, args.format, output)
         if output != "-":
             print(f"wrote {output}")

@@ -111,6 +111,7 @@ known-fix hints (said by the watchdog), without waiting for the deadline; not re
         say("changed: " + "; ".join(rewritten.changed) if rewritten.changed else "changed no argument")
         size, rate = self.measure(rewritten.model_path, rewritten.draft_path, not args.no_read_rate)
         self.deadline_s, self.outcome, self.first = args.deadline, None, None
+        self.node_rank, self.node_ready = rewritten.node_rank, False
         self.kill_at: float | None = None
         self.t0 = time.monotonic()
         args.command_line = rewritten.command
@@ -154,6 +155,15 @@ known-fix hints (said by the watchdog), without waiting for the deadline; not re
         except Exception as exc:
             self.failed("the live status", exc)
             return reported
+        if reached == "ready" and self.node_rank >= 1 and self.outcome is None:
+            if not self.node_ready:  # node 0's server still needs these ranks for its warm-up
+                self.node_ready = True
+                self.line.clear()
+                say(
+                    f"node {self.node_rank} is ready; its launch runs on until node 0's pre-flight stops "
+                    "it (these ranks then end with node 0's), or the deadline"
+                )
+            return reached
         if reached != reported and reached is not None and self.outcome is None:
             self.outcome = reached  # ready, stalled or failed: we are done either way
             self.stop()
@@ -167,7 +177,10 @@ known-fix hints (said by the watchdog), without waiting for the deadline; not re
     def enforce(self, view: RunView) -> None:
         """The deadline, a stop someone asked for, and SIGKILL after the grace."""
         now = time.monotonic()
-        if self.outcome is None and now - self.t0 > self.deadline_s:
+        if self.outcome is None and now - self.t0 > self.deadline_s and self.node_ready:
+            self.outcome = "ready"  # node ≥ 1: its ranks were ready; node 0 never stopped the launch
+            self.stop()
+        elif self.outcome is None and now - self.t0 > self.deadline_s:
             self.outcome = "deadline"
             lay, found = self.look(view)
             self.line.clear()
@@ -208,13 +221,14 @@ known-fix hints (said by the watchdog), without waiting for the deadline; not re
         elapsed = time.monotonic() - self.t0
         view = self.view
         view.refresh(final=True)
-        if self.outcome == "ready":
+        if self.outcome == "ready" or (self.outcome is None and self.node_ready and self.first is None):
             lay = layout(view)
             make_console().print(
                 ranks_table(within_run(lay), "pre-flight: phases across ranks, largest skew first", 20)
             )
             say(estimate(view, size, rate).text())
-            say(f"PASSED: ready after {span(elapsed)}; stopped it; run directory {view.path}")
+            how = f"node {self.node_rank}'s ranks were ready; " if self.node_ready else "ready; stopped it; "
+            say(f"PASSED after {span(elapsed)}: {how}run directory {view.path}")
             return 0
         first = self.first
         if first is not None:

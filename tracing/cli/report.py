@@ -8,7 +8,7 @@ from pathlib import Path
 from ..diagnose import Finding
 from ..render.html_report import render_report
 from ..render.lanes import Layout, layout
-from .command import open_run, write_output
+from .command import RUN_DIRS_HELP, open_run, write_output
 from .findings import by_process, findings
 
 
@@ -30,15 +30,18 @@ STARTED, with rank, phase, for how long, what it is doing, who waits on what), t
 with the culprit's stack dump, errors with their tracebacks, one timeline lane per process
 (nested phases, hover for attributes) and the per-phase comparison across ranks.
 
-  phasetrace report RUN_DIR -o startup.html && xdg-open startup.html"""
+  phasetrace report RUN_DIR -o startup.html && xdg-open startup.html
+  phasetrace report node0/RUN_DIR node1/RUN_DIR -o launch.html   # multi-node: one page"""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds journal/)")
-        parser.add_argument("-o", "--output", metavar="FILE", help="HTML file (default: RUN_DIR/report.html)")
+        parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help=RUN_DIRS_HELP)
+        parser.add_argument(
+            "-o", "--output", metavar="FILE", help="HTML file (default: report.html in the first RUN_DIR)"
+        )
 
     def run(self, args: argparse.Namespace) -> int:
-        lay = layout(open_run(args.run_dir))
-        output = args.output or str(Path(args.run_dir) / "report.html")
+        lay = layout(open_run(*args.run_dirs))
+        output = args.output or str(Path(args.run_dirs[0]) / "report.html")
         write_report(lay, output)
         if output != "-":
             print(f"wrote {output}")

@@ -18,7 +18,7 @@ from ..render.lanes import layout
 from ..render.status_table import StatusRow, status_rows, status_table, verdict_lines
 from ..render.term import text
 from ..rundir import RunView
-from .command import EXIT_FAILED, EXIT_STALLED, check_run_dir, make_console, report_problems
+from .command import EXIT_FAILED, EXIT_STALLED, RUN_DIRS_HELP, check_run_dir, make_console, report_problems
 from .findings import ENDED, alarms, by_process, findings, gone_ranks
 
 
@@ -49,10 +49,11 @@ or has stopped; --once prints one frame. Exits {EXIT_STALLED} when a rank is sta
 failed, so scripts can poll it:
 
   phasetrace status RUN_DIR --once || echo "startup is in trouble"
-  phasetrace status RUN_DIR --once --json | jq '.ranks[] | select(.state != "ready")'"""
+  phasetrace status RUN_DIR --once --json | jq '.ranks[] | select(.state != "ready")'
+  phasetrace status node0/RUN_DIR node1/RUN_DIR   # a multi-node launch: one directory per node"""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds journal/)")
+        parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help=RUN_DIRS_HELP)
         parser.add_argument("--once", action="store_true", help="print one frame and exit")
         parser.add_argument("--json", action="store_true", help="one JSON document (implies --once)")
         parser.add_argument("--interval", type=float, default=1.0, metavar="S", help="refresh period (default 1)")
@@ -70,15 +71,15 @@ failed, so scripts can poll it:
         args: argparse.Namespace,
         said: set[str],
     ) -> tuple[list[StatusRow], list[Finding], Group]:
-        view.refresh()
+        view.refresh(parallel=True)  # a first read of a large run on two cores; later ones: what was appended
         now = time.time_ns()
-        lay = layout(view, now)
+        lay = layout(view, now, depth=0)  # the table shows where each process is, not every phase
         thresholds = Thresholds.from_env()
         if args.silent_after is not None:
             thresholds = dataclasses.replace(thresholds, silent_s=args.silent_after)
         found = findings(view, now, thresholds, gone=gone_ranks(view))
         here = socket.gethostname()
-        alive = {p.pid: psutil.pid_exists(p.pid) for p in view.processes if p.host == here}
+        alive = {(p.host, p.pid): psutil.pid_exists(p.pid) for p in view.processes if p.host == here}
         rows = status_rows(lay, now, by_process(view, found), alive)
         report_problems(view, said)  # the journals' and the status files' (read by the rows)
         unnamed = [f for f in found if f.pid not in {r.pid for r in rows if r.verdict}]
@@ -87,7 +88,7 @@ failed, so scripts can poll it:
         return rows, found, Group(table, *verdict_lines(rows), *extra)
 
     def run(self, args: argparse.Namespace) -> int:
-        view = RunView(check_run_dir(args.run_dir))
+        view = RunView(*(check_run_dir(path) for path in args.run_dirs))
         said: set[str] = set()
         # The first frame reads the whole run: one large acyclic graph of records, which the cyclic
         # GC would rescan over and over (as for the ``bulk`` verbs). It stays off while it is built,
@@ -107,6 +108,7 @@ failed, so scripts can poll it:
                     json.dumps(
                         {
                             "run": str(view.path),
+                            "runs": [str(p) for p in view.paths],
                             "exit_code": exit_code(rows, found),
                             "ranks": [r.to_json() for r in rows],
                             "findings": [dataclasses.asdict(f) for f in found],

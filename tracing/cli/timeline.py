@@ -6,7 +6,7 @@ import argparse
 
 from ..render.lanes import layout
 from ..render.timeline_text import render_timeline
-from .command import make_console, open_run
+from .command import RUN_DIRS_HELP, make_console, open_run
 
 
 class Timeline:
@@ -19,10 +19,11 @@ A letter names each phase (legend below the chart); the slowest rank of a phase 
 capitals; a phase that never ended (still running, or the process died there) ends with '>'.
 
   phasetrace timeline phasetrace-runs/20250101-120000-ab12cd
-  phasetrace timeline RUN_DIR --depth 2 --width 160   # sub-phases on extra rows"""
+  phasetrace timeline RUN_DIR --depth 2 --width 160   # sub-phases on extra rows
+  phasetrace timeline node0/RUN_DIR node1/RUN_DIR     # a multi-node launch: ranks as tp9@node-1"""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds journal/)")
+        parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help=RUN_DIRS_HELP)
         parser.add_argument(
             "--depth",
             type=int,
@@ -33,7 +34,8 @@ capitals; a phase that never ended (still running, or the process died there) en
         parser.add_argument("--width", type=int, metavar="COLS", help="chart width (default: the terminal's)")
 
     def run(self, args: argparse.Namespace) -> int:
-        lay = layout(open_run(args.run_dir))
+        depth = max(0, args.depth)
+        lay = layout(open_run(*args.run_dirs, shallow=depth), depth=depth)  # the rows drawn, open phases
         console = make_console(args.width)
         for line in render_timeline(lay, width=console.width, depth=max(0, args.depth)):
             console.print(line)

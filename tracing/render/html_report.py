@@ -78,28 +78,49 @@ def timeline_data(lay: Layout, stats: dict[str, PhaseStat], verdicts: dict[int, 
     keys, names, attrs = _Table(), _Table(), _Table()
     slowest = {k: s.slowest for k, s in stats.items() if len(s.per_rank) > 1 and s.skew > 0}
     lanes = []
+    start = lay.start
+    status_flags = {"error": ERROR, "incomplete": INCOMPLETE}
+    key_index, name_index, attr_index = keys.index, names.index, attrs.index  # ``_Table.add``, inline
+    by_id: dict[int, int] = {}  # ``Bar.attrs_id`` -> index in ``attrs``
     for lane in lay.lanes:
         bars = []
+        label = lane.label
         for bar in lane.bars:
             s = bar.span
             shown = s.attrs
             if s.error:
                 shown = {**shown, "error": f"{s.error.get('type') or ''} {s.error.get('message') or ''}".strip()}
-            flags = (
-                (OPEN if bar.open else 0)
-                | (ERROR if s.status == "error" else 0)
-                | (INCOMPLETE if s.status == "incomplete" else 0)
-                | (SLOWEST if slowest.get(bar.key) == lane.label else 0)
-            )
-            attr_index = attrs.add(_attrs_key(shown), lambda a=shown: {k: _short(v) for k, v in a.items()})
+            flags = status_flags.get(s.status, 0)
+            if s.end is None:
+                flags |= OPEN
+            if slowest.get(bar.key) == label:
+                flags |= SLOWEST
+            a = by_id.get(bar.attrs_id) if shown is s.attrs else None  # equal attrs: one id (``Bar.attrs_id``)
+            if a is None:
+                try:
+                    attrs_key = tuple(shown.items())
+                    a = attr_index.get(attrs_key)
+                except TypeError:  # a list value: by its JSON text
+                    attrs_key = _attrs_key(shown)
+                    a = attr_index.get(attrs_key)
+                if a is None:
+                    a = attrs.add(attrs_key, lambda shown=shown: {k: _short(v) for k, v in shown.items()})
+                if shown is s.attrs and bar.attrs_id >= 0:
+                    by_id[bar.attrs_id] = a
+            k = key_index.get(bar.key)
+            if k is None:
+                k = keys.add(bar.key)
+            n = name_index.get(s.name)
+            if n is None:
+                n = names.add(s.name)
             bars.append(
                 [
-                    round(lay.rel(s.start) * 1e3, 3),
-                    round(bar.seconds * 1e3, 3),
+                    round((s.start - start) / 1e9 * 1e3, 3),
+                    round((bar.end - s.start) / 1e9 * 1e3, 3),
                     bar.depth,
-                    keys.add(bar.key),
-                    names.add(s.name),
-                    attr_index,
+                    k,
+                    n,
+                    a,
                     flags,
                 ]
             )
@@ -134,22 +155,39 @@ def stack_files(lay: Layout, found: list[Finding]) -> list[tuple[str, Path]]:
     (``<host>-<pid>.txt``, ``<host>-<pid>-py-spy-<time>.txt``), newest first per rank.
 
     A finding's name is looked up by its file name in RUN_DIR/stacks/ only (``/etc/passwd`` and
-    ``../../token`` are never read; a run directory moved elsewhere still finds its own dumps)."""
+    ``../../token`` are never read; a run directory moved elsewhere still finds its own dumps). With
+    several run directories (one per node), in the one that holds it, and every one's dumps are listed.
+    Files are named by lane label (``tp9@node-1`` in a multi-node launch)."""
     by_id = {(lane.proc.host, lane.proc.pid): lane.label for lane in lay.lanes}
     by_pid = {lane.proc.pid: lane.label for lane in lay.lanes}
     out: dict[Path, str] = {}
-    stacks = lay.run.path / STACKS_DIR
+    dirs = [run_path / STACKS_DIR for run_path in lay.run.paths]
     for f in found:
         for name in f.stacks if isinstance(f.stacks, (list, tuple)) else ():
             base = os.path.basename(str(name))
             if base not in ("", ".", ".."):
-                out.setdefault(stacks / base, f.label)
-    listed = sorted(stacks.glob("*.txt")) if stacks.is_dir() and not stacks.is_symlink() else []
-    for path in sorted(listed, key=_mtime, reverse=True):
-        m = _STACK_NAME.match(path.stem)
-        label = (by_id.get((m["host"], int(m["pid"]))) or by_pid.get(int(m["pid"])) if m else None) or path.stem
-        out.setdefault(path, label)
+                held = [d / base for d in dirs[1:] if (d / base).is_file()]
+                out.setdefault(held[0] if held else dirs[0] / base, lane_label(lay, f.label))
+    for stacks in dirs:
+        listed = sorted(stacks.glob("*.txt")) if stacks.is_dir() and not stacks.is_symlink() else []
+        for path in sorted(listed, key=_mtime, reverse=True):
+            m = _STACK_NAME.match(path.stem)
+            label = (by_id.get((m["host"], int(m["pid"]))) or by_pid.get(int(m["pid"])) if m else None) or path.stem
+            out.setdefault(path, label)
     return [(label, path) for path, label in out.items()]
+
+
+def lane_label(lay: Layout, label: str) -> str:
+    """A process label (as findings name it: ``tp9``) as its lane shows it (``tp9@node-1``)."""
+    return next((lane.label for lane in lay.lanes if lane.proc.label == label), label)
+
+
+def _read(lay: Layout, path: Path) -> str | None:
+    """``read_stack`` in the run directory whose stacks/ holds ``path`` (None outside all of them)."""
+    for run_path in lay.run.paths:
+        if path.parent == run_path / STACKS_DIR:
+            return read_stack(run_path, path)
+    return None
 
 
 def _mtime(path: Path) -> float:
@@ -163,7 +201,7 @@ def rank_stack(lay: Layout, files: list[tuple[str, Path]], label: str) -> tuple[
     """The first non-empty stack dump of ``label`` (the one its finding names, else the newest)."""
     for name, path in files:
         if name == label:
-            text = read_stack(lay.run.path, path)
+            text = _read(lay, path)
             if text and text.strip():
                 return path, text
     return None
@@ -216,7 +254,7 @@ def _diagnosis_html(lay: Layout, found: list[Finding], files: list[tuple[str, Pa
     parts = []
     for f in found:
         waiting = "".join(f"<tr><td>{_esc(k)}</td><td>{_esc(v)}</td></tr>" for k, v in f.waiting.items())
-        stack = rank_stack(lay, files, f.label) if f.label and f.kind != "failed" else None
+        stack = rank_stack(lay, files, lane_label(lay, f.label)) if f.label and f.kind != "failed" else None
         if stack is not None:
             shown.add(stack[0])
         where = f"in <code>{_esc(f.phase)}</code> " if f.phase else ""
@@ -234,7 +272,7 @@ def _stacks_html(lay: Layout, found: list[Finding], files: list[tuple[str, Path]
     for label, path in files:
         if path in shown:
             continue
-        text = read_stack(lay.run.path, path)
+        text = _read(lay, path)
         if text is None or not text.strip():
             continue
         parts.append(_stack_html(label, path, text, bool(found)))
@@ -312,7 +350,7 @@ def render_report(lay: Layout, found: list[Finding], verdicts: dict[int, Finding
     return PAGE.substitute(
         title=_esc(f"{first} — phasetrace {lay.run.run_id}"),
         run=_esc(lay.run.run_id),
-        path=_esc(lay.run.path),
+        path=_esc(", ".join(map(str, lay.run.paths))),
         version=_esc(version or "?"),
         processes=len(lay.lanes),
         total=_esc(duration(lay.seconds)),

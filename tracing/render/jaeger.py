@@ -11,9 +11,11 @@ expanding anything) and ``phasetrace.verdict``; its waiting peers are not errors
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from ..diagnose import Finding
+from .jsonout import dumps
 from .lanes import OPEN_ATTR, Bar, Lane, Layout
 from .verdict import Marks, marks
 
@@ -39,22 +41,31 @@ def tag(key: str, value: Any) -> dict[str, Any]:
 _tags: dict[tuple, dict[str, Any]] = {}
 
 
-def _attr_tags(attrs: dict[str, Any]) -> list[dict[str, Any]]:
-    """``tag`` of each attribute: a span's attrs repeat across its copies and the ranks, so the list
-    is built once per distinct attrs (keyed with the values' types: ``True`` is not ``1`` here)."""
+def _attr_tags(attrs: dict[str, Any], status: str | None = None, attrs_id: int = -1) -> list[dict[str, Any]]:
+    """``tag`` of each attribute (then the ``otel.status_code`` tag of ``status`` when given): a span's
+    attrs repeat across its copies and the ranks, so the list is built once per distinct attrs and
+    status (``attrs_id``: ``Bar.attrs_id``; else keyed with the values' types: ``True`` is not ``1``
+    here) and shared by the spans that have them: the document is only serialised. A caller that
+    appends copies it."""
     try:
-        key = (tuple(attrs.items()), tuple(map(type, attrs.values())))
+        key = (attrs_id, status) if attrs_id >= 0 else (tuple(attrs.items()), tuple(map(type, attrs.values())), status)
         hit = _attr_lists.get(key)
     except TypeError:  # a list value: not hashable
-        return [tag(k, v) for k, v in attrs.items()]
+        hit = None
+        key = None
     if hit is None:
-        if len(_attr_lists) > 100_000:
-            _attr_lists.clear()
-        hit = _attr_lists[key] = [tag(k, v) for k, v in attrs.items()]
-    return hit.copy()
+        hit = [tag(k, v) for k, v in attrs.items()]
+        if status is not None:
+            hit.append(tag("otel.status_code", _STATUS_CODES[status]))
+        if key is not None:
+            if len(_attr_lists) > 100_000:
+                _attr_lists.clear()
+            _attr_lists[key] = hit
+    return hit
 
 
 _attr_lists: dict[tuple, list[dict[str, Any]]] = {}
+_STATUS_CODES = {"ok": "OK", "open": "UNSET"}
 
 
 def _process(lane: Lane) -> dict[str, Any]:
@@ -66,7 +77,31 @@ def _process(lane: Lane) -> dict[str, Any]:
 
 def _span(bar: Bar, process_id: str, flags: Marks) -> dict[str, Any]:
     s = bar.span
-    tags = _attr_tags(s.attrs)
+    if (
+        s.status == "ok"
+        and s.end is not None
+        and not s.events
+        and not s.error
+        and bar.uid not in flags.culprit
+        and bar.uid not in flags.waiting_for
+    ):  # most spans: a phase that ended well, nothing to flag (the tags list is shared)
+        parent = bar.parent
+        return {
+            "traceID": s.trace_id,
+            "spanID": bar.uid,
+            "operationName": s.name,
+            "references": [{"refType": "CHILD_OF", "traceID": s.trace_id, "spanID": parent.uid}]
+            if parent is not None and parent.span.trace_id == s.trace_id
+            else [],
+            "flags": 1,
+            "startTime": s.start // 1000,
+            "duration": max(0, s.end - s.start) // 1000,
+            "tags": _attr_tags(s.attrs, "ok", bar.attrs_id),
+            "logs": [],
+            "processID": process_id,
+            "warnings": None,
+        }
+    tags = list(_attr_tags(s.attrs, None, bar.attrs_id))
     verdict = flags.culprit.get(bar.uid)
     tags.append(tag("otel.status_code", "ERROR" if verdict else {"ok": "OK", "open": "UNSET"}.get(s.status, "ERROR")))
     warnings = None
@@ -117,17 +152,60 @@ def _span(bar: Bar, process_id: str, flags: Marks) -> dict[str, Any]:
     }
 
 
+def _traces(lay: Layout) -> dict[str, list[tuple[Lane, list[Bar]]]]:
+    """Trace id -> (lane, its bars in that trace) in the document's order: traces and lanes by first
+    appearance. A lane's spans are in one trace, but for odd journals."""
+    traces: dict[str, list[tuple[Lane, list[Bar]]]] = {}
+    for lane in lay.lanes:
+        trace_id, bars = None, []
+        for bar in lane.bars:
+            if bar.span.trace_id != trace_id:
+                trace_id = bar.span.trace_id
+                lanes = traces.setdefault(trace_id, [])
+                if lanes and lanes[-1][0] is lane:  # back in a trace this lane was in already
+                    bars = lanes[-1][1]
+                else:
+                    bars = []
+                    lanes.append((lane, bars))
+            bars.append(bar)
+    return traces
+
+
 def to_jaeger(lay: Layout, found: list[Finding] | None = None) -> dict[str, Any]:
     """``found``: the run's verdicts (``cli.findings``), root cause first; its culprit is flagged."""
     flags = marks(lay, found or [])
-    traces: dict[str, dict[str, Any]] = {}
-    for lane in lay.lanes:
-        process_id = f"p{lane.index + 1}"
-        process = _process(lane)
-        for bar in lane.bars:
-            trace = traces.setdefault(
-                bar.span.trace_id, {"traceID": bar.span.trace_id, "spans": [], "processes": {}, "warnings": None}
-            )
-            trace["processes"][process_id] = process
-            trace["spans"].append(_span(bar, process_id, flags))
-    return {"data": list(traces.values())}
+    processes = {lane.index: _process(lane) for lane in lay.lanes}
+    data = []
+    for trace_id, lanes in _traces(lay).items():
+        spans = [_span(bar, f"p{lane.index + 1}", flags) for lane, bars in lanes for bar in bars]
+        data.append(
+            {
+                "traceID": trace_id,
+                "spans": spans,
+                "processes": {f"p{lane.index + 1}": processes[lane.index] for lane, _ in lanes},
+                "warnings": None,
+            }
+        )
+    return {"data": data}
+
+
+def jaeger_chunks(lay: Layout, found: list[Finding] | None = None) -> Iterator[bytes]:
+    """``to_jaeger``'s document as compact JSON (the same bytes as ``jsonout.dumps`` of it with
+    orjson), one lane's spans at a time: a 1024-rank run's 270 k span objects never exist at once,
+    and what is written is freed as it goes."""
+    flags = marks(lay, found or [])
+    processes = {lane.index: _process(lane) for lane in lay.lanes}
+    yield b'{"data":['
+    for n, (trace_id, lanes) in enumerate(_traces(lay).items()):
+        yield b'{"traceID":' if n == 0 else b',{"traceID":'
+        yield dumps(trace_id) + b',"spans":['
+        first = True
+        for lane, bars in lanes:
+            process_id = f"p{lane.index + 1}"
+            chunk = dumps([_span(bar, process_id, flags) for bar in bars])[1:-1]
+            if chunk:
+                yield chunk if first else b"," + chunk
+                first = False
+        yield b'],"processes":' + dumps({f"p{lane.index + 1}": processes[lane.index] for lane, _ in lanes})
+        yield b',"warnings":null}'
+    yield b"]}"

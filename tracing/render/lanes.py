@@ -12,6 +12,7 @@ or by another version may hold what ours never writes.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,30 @@ def _clean(values: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+_IDS: dict[tuple, int] = {}  # attrs as read (items, value types) known clean -> their id
+_SHOWN_IDS: dict[tuple, int] = {}  # attrs as redacted -> their id
+_NEXT_ID = itertools.count()  # ids are never reused, even once the tables above are emptied
+
+
+def _attrs_key(attrs: dict[str, Any]) -> tuple | None:
+    """Equal attrs, value types included (``True`` is not ``1`` to an export), have equal keys."""
+    key = (tuple(attrs.items()), tuple(map(type, attrs.values())))
+    try:
+        hash(key)
+    except TypeError:  # a list value
+        return None
+    return key
+
+
+def _new_id(table: dict[tuple, int], key: tuple | None) -> int:
+    if key is None:
+        return -1
+    if len(table) > 100_000:
+        table.clear()
+    new = table[key] = next(_NEXT_ID)
+    return new
+
+
 def _scrub(span: SpanRec) -> None:
     """Redact what every renderer shows of ``span`` (in place; a no-op on already clean values)."""
     attrs = _clean(span.attrs)
@@ -96,6 +121,34 @@ def phase_key(span: SpanRec) -> str:
     return f"{phase} [{group}]" if group else phase
 
 
+_RAW_KEYS: dict[tuple, str] = {}  # (phase, draft, group) as written -> the phase key, redacted
+
+
+def _raw_key(attrs: dict[str, Any], name: str) -> str:
+    """``phase_key`` of a span whose attrs were not redacted: as it reads once they are."""
+    raw = (attrs.get(keys.PHASE), attrs.get(keys.IS_DRAFT) is True, attrs.get(keys.GROUP_NAME), name)
+    try:
+        hit = _RAW_KEYS.get(raw)
+    except TypeError:  # a list value (a hand-written journal)
+        hit, raw = None, None
+    if hit is None:
+        phase, draft, group, _ = (
+            attrs.get(keys.PHASE),
+            attrs.get(keys.IS_DRAFT) is True,
+            attrs.get(keys.GROUP_NAME),
+            name,
+        )
+        phase = _redacted(keys.PHASE, phase) if phase else phase
+        phase = phase or name
+        group = _redacted(keys.GROUP_NAME, group) if group else group
+        hit = f"{phase} [draft]" if draft else f"{phase} [{group}]" if group else phase
+        if raw is not None:
+            if len(_RAW_KEYS) > 100_000:
+                _RAW_KEYS.clear()
+            _RAW_KEYS[raw] = hit
+    return hit
+
+
 @dataclass(slots=True)
 class Bar:
     span: SpanRec
@@ -104,6 +157,7 @@ class Bar:
     depth: int  # 0 for spans whose parent is not in the same process
     end: int  # ns: the span's end, or the run's horizon while it is open
     key: str  # phase_key(span)
+    attrs_id: int = -1  # equal for bars whose (redacted) attrs are equal: renderers build things once per id
 
     @property
     def open(self) -> bool:
@@ -119,7 +173,7 @@ class Lane:
     proc: ProcessRec
     index: int
     bars: list[Bar]
-    label: str  # the process label, with ``@host:pid`` added where two processes share one
+    label: str  # the process label, with ``@host:pid`` where two processes share one, ``@node-N`` (multi-node)
 
     @property
     def root(self) -> Bar | None:
@@ -170,35 +224,108 @@ def _rehash(span_id: str, proc: ProcessRec, taken: set[str]) -> str:
     return uid
 
 
-def layout(run: RunView, now: int | None = None) -> Layout:
-    """Lay out ``run``; open phases are drawn up to ``now`` (default: the latest record seen). A
-    watcher's own journal (``phasetrace watch``/``run``: diagnoses, no phases) is not a lane."""
+def _horizon(procs: list[ProcessRec]) -> int:
+    return max([p.last_t for p in procs] + [s.end or s.start for p in procs for s in p.spans.values()] or [0])
+
+
+def node_label(proc: ProcessRec, label: str) -> str:
+    """``tp9@node-1`` (``launcher@node-1``): a lane of a multi-node launch names its node."""
+    node = proc.node
+    if node is None:
+        return label
+    return f"{'launcher' if proc.role == 'launcher' else label}@node-{node}"
+
+
+def layout(run: RunView, now: int | None = None, depth: int | None = None, attrs: bool = True) -> Layout:
+    """Lay out ``run``; open phases are drawn up to ``now`` (default: the latest record seen; with
+    several run directories, the latest of the phase's own directory: hosts' clocks differ). A
+    watcher's own journal (``phasetrace watch``/``run``: diagnoses, no phases) is not a lane.
+
+    ``depth``: only bars down to that depth, and every open or failed one wherever it is (where a
+    process is or stopped): all that ``status`` and ``timeline`` show, for a tenth of the spans of
+    a run with thousands per rank. None: every span (the exports, the report, compare).
+    ``attrs``: False for a verb that shows no attributes (compare): they are not redacted here
+    (a fifth of the work), the phase keys built from them are.
+
+    Spans are put in the launch's one trace (``RunView.trace_map``: a node whose spans started
+    under its own trace id before the nodes agreed), and lanes of a multi-node launch are labelled
+    with their node."""
     procs = [p for p in run.processes if p.spans or p.role != "watchdog"]
-    horizon = (
-        now
-        if now is not None
-        else max([p.last_t for p in procs] + [s.end or s.start for p in procs for s in p.spans.values()] or [0])
-    )
+    horizon = now if now is not None else _horizon(procs)
+    horizons: dict[Any, int] = {}  # run directory -> its horizon (several directories, no ``now``)
+    if now is None and len(run.paths) > 1:
+        by_dir: dict[Any, list[ProcessRec]] = {}
+        for proc in procs:
+            by_dir.setdefault(run.dir_of(proc), []).append(proc)
+        horizons = {path: _horizon(ps) for path, ps in by_dir.items()}
+    trace_map = run.trace_map
+    ids, scrub = _IDS, attrs
+    by_object: dict[int, tuple[int, dict[str, Any], dict[str, Any]]] = {}  # id(attrs as read) -> (id, shown, them)
     taken: set[str] = set()
     lanes: list[Lane] = []
     owned: list[dict[str, Bar]] = []
     elsewhere: list[tuple[Bar, str]] = []  # bars whose parent is in another process (rank roots)
     for index, proc in enumerate(procs):
         own: dict[str, Bar] = {}
+        depths: dict[str, int] = {}  # span id -> depth, of every span (``depth`` leaves some out of ``own``)
         bars = []
+        until = horizons.get(run.dir_of(proc), horizon) if horizons else horizon
         for span in proc.spans.values():
-            _scrub(span)
-            sid = span.span_id
+            sid, parent_id = span.span_id, span.parent_id
+            up = depths.get(parent_id) if parent_id else None  # None: a root, or its parent is elsewhere
+            level = up + 1 if up is not None else 0
+            depths[sid] = level
+            if depth is not None and level > depth and span.end is not None and span.status == "ok":
+                continue
+            attrs = span.attrs
+            aid = -1
+            if scrub and (hit := by_object.get(id(attrs))) is not None:  # a dict shared by spans (``rundir._pack``)
+                aid, shown, _ = hit
+                if shown is not attrs:
+                    span.attrs = attrs = shown
+                if span.error is not None or span.events:
+                    _scrub(span)  # its attrs are clean: its error and events may not be
+            elif scrub:  # most spans: attrs already seen clean (they repeat across copies and ranks)
+                raw = attrs
+                try:
+                    seen = (tuple(attrs.items()), tuple(map(type, attrs.values())))
+                    aid = ids.get(seen)
+                except TypeError:  # a list value
+                    seen = aid = None
+                if aid is None:
+                    _scrub(span)
+                    if span.attrs is attrs:  # nothing to redact
+                        aid = _new_id(ids, seen)
+                    else:
+                        attrs = span.attrs
+                        shown = _attrs_key(attrs)
+                        aid = _SHOWN_IDS.get(shown) if shown is not None else -1
+                        if aid is None:
+                            aid = _new_id(_SHOWN_IDS, shown)
+                elif span.error is not None or span.events:
+                    _scrub(span)  # its attrs are clean: its error and events may not be
+                by_object[id(raw)] = (aid, attrs, raw)  # ``raw`` held: its id is not reused meanwhile
+            if trace_map and span.trace_id in trace_map:
+                span.trace_id = trace_map[span.trace_id]
             if sid and sid not in taken:
                 uid = sid
             else:
                 uid = _rehash(sid, proc, taken)
             taken.add(uid)
-            parent = own.get(span.parent_id) if span.parent_id else None
-            end = span.end if span.end is not None else max(horizon, span.start)
-            bar = Bar(span, uid, parent, parent.depth + 1 if parent is not None else 0, end, phase_key(span))
-            if parent is None and span.parent_id:
-                elsewhere.append((bar, span.parent_id))
+            parent = own.get(parent_id) if parent_id else None
+            end = span.end if span.end is not None else max(until, span.start)
+            if not scrub:
+                key = _raw_key(attrs, span.name)
+            else:
+                phase = attrs.get(keys.PHASE) or span.name  # ``phase_key``, inline
+                if attrs.get(keys.IS_DRAFT) is True:
+                    key = f"{phase} [draft]"
+                else:
+                    group = attrs.get(keys.GROUP_NAME)
+                    key = f"{phase} [{group}]" if group else phase
+            bar = Bar(span, uid, parent, level, end, key, aid)
+            if parent_id and up is None:
+                elsewhere.append((bar, parent_id))
             own[sid] = bar
             bars.append(bar)
         owned.append(own)
@@ -215,6 +342,7 @@ def layout(run: RunView, now: int | None = None) -> Layout:
     for lane in lanes:
         if names[lane.label] > 1:
             lane.label = f"{lane.label}@{lane.proc.host}:{lane.proc.pid}"
+        lane.label = node_label(lane.proc, lane.label)
     starts = [b.span.start for lane in lanes for b in lane.bars]
     start = min(starts) if starts else horizon
     return Layout(run, lanes, start, max(horizon, start))

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .. import keys
 from ..diagnose import Finding
+from ..rundir import ProcessRec
 from .jaeger import VERDICT_ATTR, WAITING_ATTR
 from .lanes import OPEN_ATTR, Bar, Layout
 from .verdict import Marks, marks
@@ -51,6 +53,12 @@ def _attribute(key: Any, value: Any) -> dict[str, Any]:
 
 
 _attrs: dict[tuple, dict[str, Any]] = {}
+
+
+def resource_attrs(proc: ProcessRec) -> dict[str, Any]:
+    """A process's OTLP resource: what it started with, its host and pid, and its node (multi-node)."""
+    node = {keys.NODE_RANK: proc.node} if proc.node is not None else {}
+    return {"service.name": "sglang", **proc.resource, **node, "host.name": proc.host, "process.pid": proc.pid}
 
 
 def status(bar: Bar, verdict: str | None = None) -> dict[str, Any]:
@@ -122,7 +130,7 @@ def to_otlp_json(lay: Layout, found: list[Finding] | None = None) -> dict[str, A
     resource_spans = []
     for lane in lay.lanes:
         proc = lane.proc
-        resource = {"service.name": "sglang", **proc.resource, "host.name": proc.host, "process.pid": proc.pid}
+        resource = resource_attrs(proc)
         resource_spans.append(
             {
                 "resource": {"attributes": attributes(resource)},

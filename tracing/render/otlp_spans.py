@@ -14,7 +14,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from ..diagnose import Finding
 from .jaeger import VERDICT_ATTR, WAITING_ATTR
 from .lanes import OPEN_ATTR, Bar, Layout
-from .otlp_json import SCOPE
+from .otlp_json import SCOPE, resource_attrs
 from .verdict import marks
 
 _SCOPE = InstrumentationScope(SCOPE["name"], SCOPE["version"])
@@ -55,9 +55,7 @@ def to_sdk_spans(lay: Layout, found: list[Finding] | None = None) -> list[Readab
     spans = []
     for lane in lay.lanes:
         proc = lane.proc
-        resource = Resource(
-            _attrs({"service.name": "sglang", **proc.resource, "host.name": proc.host, "process.pid": proc.pid})
-        )
+        resource = Resource(_attrs(resource_attrs(proc)))
         for bar in lane.bars:
             s = bar.span
             attrs = _attrs(s.attrs)

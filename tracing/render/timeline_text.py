@@ -33,7 +33,7 @@ COLORS = (
     "bright_blue",
     "bright_red",
 )
-LABEL_W, TAIL_W = 10, 28
+LABEL_W, LABEL_MAX_W, TAIL_W = 10, 24, 28  # labels get at least 10 columns, at most 24 (``tp9@node-1``)
 
 
 @dataclass
@@ -74,15 +74,24 @@ def _row(bars: list[Bar], lay: Layout, width: int, legend: dict[str, Legend], la
     span = max(lay.end - lay.start, 1)
     cover: list[dict[str, int]] = [{} for _ in range(width)]
     ends: dict[int, Bar] = {}
+    same: dict[tuple[str, int, int], int] = {}  # bars of one phase over the same time count once, weighted
     for bar in bars:
-        a = (bar.span.start - lay.start) * width / span
-        b = (bar.end - lay.start) * width / span
-        for cell in range(max(0, int(a)), min(width, int(b) + 1)):
+        k = (bar.key, bar.span.start, bar.end)
+        same[k] = same.get(k, 0) + 1
+        if bar.open:
+            b = (bar.end - lay.start) * width / span
+            ends[min(width - 1, max(0, math.ceil(b) - 1))] = bar
+    for (key, start, end), n in same.items():
+        a = (start - lay.start) * width / span
+        b = (end - lay.start) * width / span
+        first, last = max(0, int(a)), min(width, int(b) + 1)
+        for cell in (first, last - 1) if last - first > 1 else range(first, last):  # partly covered
             overlap = min(b, cell + 1) - max(a, cell)
             if overlap > 0:
-                cover[cell][bar.key] = cover[cell].get(bar.key, 0) + int(overlap * 1e6)
-        if bar.open:
-            ends[min(width - 1, max(0, math.ceil(b) - 1))] = bar
+                cover[cell][key] = cover[cell].get(key, 0) + n * int(overlap * 1e6)
+        for cell in range(first + 1, last - 1):  # covered whole: overlap 1
+            c = cover[cell]
+            c[key] = c.get(key, 0) + n * 1_000_000
     cells: list[tuple[str, str]] = []  # (glyph, style) per cell
     for cell, keys in enumerate(cover):
         if cell in ends:
@@ -127,12 +136,14 @@ def render_timeline(lay: Layout, width: int = 100, depth: int = 1) -> list[Text]
     """Rows for every lane (one per depth level shown), then the legend."""
     depths = range(1 if depth > 0 else 0, depth + 1)
     legend = legends(lay, depths)
-    chart_w = max(20, width - LABEL_W - TAIL_W - 3)
-    lines = [Text(f"{'':<{LABEL_W}} ") + _axis(lay, chart_w) + Text(f"  total {duration(lay.seconds)}")]
-    for lane in lay.lanes:
+    labels = [clean(lane.label) for lane in lay.lanes]
+    label_w = max([LABEL_W] + [min(LABEL_MAX_W, len(label)) for label in labels])
+    chart_w = max(20, width - label_w - TAIL_W - 3)
+    lines = [Text(f"{'':<{label_w}} ") + _axis(lay, chart_w) + Text(f"  total {duration(lay.seconds)}")]
+    for lane, shown in zip(lay.lanes, labels, strict=True):
         for n, level in enumerate(depths):
-            label = clean(lane.label) if n == 0 else ""
-            row = Text(f"{label[:LABEL_W]:<{LABEL_W}} ", style="bold" if n == 0 else "")
+            label = shown if n == 0 else ""
+            row = Text(f"{label[:label_w]:<{label_w}} ", style="bold" if n == 0 else "")
             row += _row(_bars(lane, level), lay, chart_w, legend, lane.label)
             if n == 0:
                 row += Text(f"  {_tail(lane)}", style="red" if lane.state != "ready" else "")
