@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from cli_fixtures import HOST, build_run
 from rich.console import Console
-from sglang_phasetrace.tracing import postmortem, records
+from sglang_phasetrace.tracing import journal, postmortem, records
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.cli.findings import by_process, findings
 from sglang_phasetrace.tracing.render.compare_table import ranks_table, runs_table
@@ -145,6 +146,33 @@ def test_the_valid_records_are_valid_and_each_breakage_is_named() -> None:
     assert (
         records.validate(VALID["heartbeat"] | {"phases": [{"since_s": "1"}]}) == "'phases[0].since_s' must be a number"
     )
+
+
+def bulk_accepts(record: dict[str, Any]) -> bool | None:
+    """Whether the readers' fast path (``records.BULK``) takes ``record`` written as our writer
+    writes it; None when its line does not start as a bulk kind's (it goes ``validate``'s way)."""
+    line = journal.dumps(record).encode()
+    entry = records.BULK.get(line[: records.BULK_PREFIX])
+    if entry is None:
+        return None
+    kind, decoder = entry
+    try:
+        return records.bulk_valid(kind, decoder.decode(b"[" + line + b"]"))
+    except (msgspec.DecodeError, ValueError):
+        return False
+
+
+@pytest.mark.parametrize("kind", ["begin", "end", "event", "collective"])
+def test_the_fast_decoders_take_what_validate_takes_and_nothing_else(kind: str) -> None:
+    assert bulk_accepts(VALID[kind]) is True
+    for bad, (name, _) in zip(broken(kind), BAD[kind], strict=True):
+        assert bulk_accepts(bad) in (False, None), (kind, name)
+    assert bulk_accepts(VALID[kind] | {"kind": kind + "x"}) in (False, None)  # another kind, same first bytes
+    if kind == "begin":  # a name only readers set is refused, however it is spelt
+        for name, value in (("~end", 5), ("~status", "ok"), ("~error", {"type": "x"}), ("~events", [{}])):
+            assert records.validate(VALID[kind] | {name: value}) is None
+            assert bulk_accepts(VALID[kind] | {name: value}) is False, name
+        assert bulk_accepts(VALID[kind] | {"parent": None, "trace": None, "thread": None, "attrs": None}) is True
 
 
 # -- every CLI verb on a run holding bad records ---------------------------------------------------------
@@ -432,10 +460,13 @@ def test_fuzz_random_json_in_every_field(tmp_path: Path) -> None:
             _mutate(rng.choice(flat), rng)
         beat = copy.deepcopy(status)
         _mutate(beat, rng)
+        dump = journal.dumps if rejected % 2 else json.dumps  # as our writer writes lines, or spaced
         for name, recs in mutated.items():
-            (run / "journal" / name).write_text("".join(json.dumps(r) + "\n" for r in recs))
-            # the fast path never accepts what validate refuses
+            (run / "journal" / name).write_text("".join(dump(r) + "\n" for r in recs))
+            # the fast paths never accept what validate refuses
             assert records.all_valid(recs) == all(records.validate(r) is None for r in recs)
+            for r in recs:
+                assert bulk_accepts(r) in (None, records.validate(r) is None), r
         (run / "status" / f"{HOST}-2000.json").write_text(json.dumps(beat))
         rejected += sum(records.validate(r) is not None for r in flat)
         _render_everything(run)

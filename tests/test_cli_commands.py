@@ -176,7 +176,7 @@ def _state(run: rundir.RunView) -> list:
     out = []
     for proc in run.processes:
         fields = {k: v for k, v in vars(proc).items() if k != "spans"}
-        spans = [tuple(getattr(s, f) for f in s.__slots__) for s in proc.spans.values()]
+        spans = [tuple(getattr(s, f) for f in s.__struct_fields__) for s in proc.spans.values()]
         out.append((fields, spans))
     return out
 

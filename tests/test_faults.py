@@ -93,15 +93,20 @@ def _ended(proc: psutil.Process, timeout: float) -> float | None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT])
 def test_signal_ends_a_rank_blocked_in_gloo_exactly_as_untraced(sig: signal.Signals, tiny_model, tmp_path) -> None:
-    """Seconds from the signal to the rank's end (None: still running 10 s later), traced and not."""
+    """Seconds from the signal to the rank's end (None: still running), traced and not."""
     seen = {}
+    # SIGINT: Python raises KeyboardInterrupt when the main thread is back in Python. Rank 0 waits in
+    # torch's store barrier (``_store_based_barrier``: C waits of 10 s in a Python loop), so it ends
+    # at the next turn, 0-10 s after the signal: watched for 25 s, traced or not, it ends the same.
+    window = 25 if sig == signal.SIGINT else 10
     for traced in (False, True):
         with Ranks(tiny_model[0], tmp_path / f"traced-{traced}", traced) as ranks:
             rank0 = ranks.rank0_waiting()
             rank0.send_signal(sig)
-            seen[traced] = _ended(rank0, 10)
-    if sig == signal.SIGINT:  # Python's own KeyboardInterrupt handler waits for C to return: in both
-        assert seen == {False: None, True: None}, seen
+            seen[traced] = _ended(rank0, window)
+    if sig == signal.SIGINT:
+        assert (seen[False] is None) == (seen[True] is None), seen
+        assert all(t is None or t < 12 for t in seen.values()), seen  # at the barrier's next turn
     else:
         assert seen[False] is not None and seen[False] < 2, seen
         assert seen[True] is not None and seen[True] < 2, f"traced rank did not die on {sig.name}: {seen}"

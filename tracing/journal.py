@@ -13,11 +13,16 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import operator
 import os
 import stat
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
+from itertools import compress
+
+import msgspec
 
 try:  # several times faster on large runs; SGLang installs it anyway
     from orjson import loads as _loads
@@ -27,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from . import files
-from .records import KINDS, all_valid, validate, warning
+from .records import BULK, BULK_PREFIX, KINDS, all_valid, bulk_valid, validate, warning
 
 log = logging.getLogger("sglang_phasetrace")
 
@@ -198,9 +203,40 @@ class JournalTail:
         self.problems: list[str] = []
         self.unknown_kinds: set[str] = set()
         self._unreadable: str | None = None  # the reason said for a file that cannot be read
-        self._chunk: tuple[int, list[bytes], list[int] | None] = (1, [], None)  # for line_of()
+        self._chunk: tuple[list[bytes], Sequence[int], list[int] | None] = ([], (), None)  # for line_of()
 
     def read(self, final: bool = False) -> list[dict]:
+        """The records appended since the last read, as dicts."""
+        lines = self._next_lines(final)
+        return self._records(lines, range(self.lines - len(lines) + 1, self.lines + 1)) if lines else []
+
+    def read_bulk(self, final: bool = False) -> tuple[dict[str, list[Any]], list[dict]]:
+        """``read`` for a reader that keeps every span (``rundir``): the lines of the bulk kinds
+        (``records.BULK``: nearly all of a journal) decoded straight into objects, per kind in file
+        order, and the other records as ``read`` gives them. A chunk with a line the fast path
+        refuses goes ``read``'s way whole, so each bad line is named as usual."""
+        lines = self._next_lines(final)
+        if not lines:
+            return {}, []
+        numbers = range(self.lines - len(lines) + 1, self.lines + 1)
+        heads = list(map(_HEAD, lines))
+        bulk: dict[str, list[Any]] = {}
+        try:
+            for prefix, (kind, decoder) in BULK.items():
+                mine = list(compress(lines, map(prefix.__eq__, heads)))
+                if mine:
+                    items = decoder.decode(b"[" + b",".join(mine) + b"]")
+                    if not bulk_valid(kind, items):
+                        raise ValueError(kind)
+                    bulk[kind] = items
+        except (msgspec.DecodeError, ValueError):  # ValidationError is a DecodeError
+            return {}, self._records(lines, numbers)
+        if not bulk:
+            return {}, self._records(lines, numbers)
+        rest = list(map(operator.not_, map(BULK.__contains__, heads)))
+        return bulk, self._records(list(compress(lines, rest)), list(compress(numbers, rest)))
+
+    def _next_lines(self, final: bool) -> list[bytes]:
         data = self._read_more()
         if not data:
             return []
@@ -209,32 +245,38 @@ class JournalTail:
         if lines[-1] == b"":
             lines.pop()
         self.offset += end
-        first = self.lines + 1
         self.lines += len(lines)
+        return lines
+
+    def _records(self, lines: list[bytes], numbers: Sequence[int]) -> list[dict]:
+        """``lines`` (line ``numbers[i]`` of the file each) as valid records; the rest reported."""
+        if not lines:
+            self._chunk = ([], (), None)
+            return []
         records = _parse_chunk(lines)  # fast path: one parse for the whole chunk
         if records is None:  # some line is not JSON: line by line, naming each bad one
             numbered = [
                 (n, r)
-                for n, raw in enumerate(lines, first)
+                for n, raw in zip(numbers, lines, strict=True)
                 if (r := parse_line(raw, self.path, n, self.problems, self.unknown_kinds)) is not None
             ]
-            self._chunk = (first, lines, [n for n, _ in numbered])
+            self._chunk = (lines, numbers, [n for n, _ in numbered])
             return [r for _, r in numbered]
-        self._chunk = (first, lines, None)
+        self._chunk = (lines, numbers, None)
         if all_valid(records):  # the fast path's check: one column at a time
             return records
         bad = [(i, why) for i, r in enumerate(records) if (why := validate(r)) is not None]
-        numbers = _numbers(lines, first)
+        kept = _numbers(lines, numbers)
         for i, why in bad:
-            self._report(numbers[i], records[i], why)
+            self._report(kept[i], records[i], why)
         drop = {i for i, _ in bad}
-        self._chunk = (first, lines, [n for i, n in enumerate(numbers) if i not in drop])
+        self._chunk = (lines, numbers, [n for i, n in enumerate(kept) if i not in drop])
         return [r for i, r in enumerate(records) if i not in drop]
 
     def line_of(self, index: int) -> int:
-        """The line number of record ``index`` of the last ``read``'s result."""
-        first, lines, numbers = self._chunk
-        return (numbers if numbers is not None else _numbers(lines, first))[index]
+        """The line number of record ``index`` of the last ``read``'s records (dicts)."""
+        lines, numbers, kept = self._chunk
+        return (kept if kept is not None else _numbers(lines, numbers))[index]
 
     def _read_more(self) -> bytes:
         try:
@@ -252,6 +294,9 @@ class JournalTail:
         _report(self.path, lineno, record, why, self.problems, self.unknown_kinds)
 
 
+_HEAD = operator.itemgetter(slice(BULK_PREFIX))
+
+
 def read_regular(path: Path, offset: int = 0, limit: int = -1) -> bytes:
     """The bytes of a regular file from ``offset`` (``limit`` at most): never through a symbolic
     link, never blocking on a FIFO or reading a device (``OSError`` naming why instead)."""
@@ -266,9 +311,9 @@ def read_regular(path: Path, offset: int = 0, limit: int = -1) -> bytes:
         os.close(fd)
 
 
-def _numbers(lines: list[bytes], first: int) -> list[int]:
+def _numbers(lines: list[bytes], numbers: Sequence[int]) -> list[int]:
     """Line numbers of the non-blank lines (the records of a chunk parsed at once)."""
-    return [n for n, line in enumerate(lines, first) if line.strip()]
+    return [n for n, line in zip(numbers, lines, strict=True) if line.strip()]
 
 
 def _parse_chunk(lines: list[bytes]) -> list | None:

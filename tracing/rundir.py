@@ -26,37 +26,17 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from . import keys
 from .journal import JournalTail, _loads, read_regular
-from .records import validate
+from .records import SpanRec, span_from, validate
+
+__all__ = ["ProcessRec", "RunView", "SpanRec", "load_run"]
 
 JOURNAL_DIR, STATUS_DIR, STACKS_DIR = "journal", "status", "stacks"
 STATUS_MAX = 1 << 20  # bytes read of a status file (a heartbeat is a few KiB)
-_PROGRESS_KINDS = frozenset({"begin", "end", "event", "collective"})
-
-
-@dataclass(slots=True)
-class SpanRec:
-    span_id: str
-    parent_id: str | None
-    trace_id: str
-    name: str
-    start: int  # ns
-    attrs: dict[str, Any]
-    thread: str = ""
-    end: int | None = None  # ns; None while open (or when the process died inside it)
-    status: str = "open"  # open | ok | error | incomplete
-    error: dict[str, Any] | None = None
-    events: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def phase(self) -> str:
-        """The stable phase name (rank roots are named per rank; their phase is ``rank``)."""
-        return self.attrs.get(keys.PHASE, self.name)
-
-    def duration_ns(self, now: int | None = None) -> int | None:
-        end = self.end if self.end is not None else now
-        return None if end is None else max(0, end - self.start)
+_PROGRESS_KINDS = frozenset({"begin", "end", "event", "collective", "process"})  # ``process``: its journal began
 
 
 @dataclass
@@ -74,7 +54,9 @@ class ProcessRec:
     diagnoses: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     last_t: int = 0  # time of the latest record of any kind
-    last_progress_t: int = 0  # latest phase begin/end/event, collective, or heartbeat progress change
+    # latest phase begin/end/event, collective, heartbeat progress change, or the journal's start (a
+    # rank's ``rank.bootstrap`` begins backdated to its process start: its import time is not a stall)
+    last_progress_t: int = 0
     coll_counts: dict[str, int] = field(default_factory=dict)  # group -> collectives entered
     coll_ops: dict[str, dict[int, str]] = field(default_factory=dict)  # group -> seq -> op (recent)
     coll_open: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)  # entered, not left
@@ -97,22 +79,15 @@ class ProcessRec:
         if t > self.last_progress_t and kind in _PROGRESS_KINDS:
             self.last_progress_t = t
         if kind == "collective":
-            self._collective(r, t)
+            self._collective(r["group"], r["seq"], r["op"], r["edge"], t)
         elif kind == "begin":
-            self.spans[r["span"]] = SpanRec(
-                r["span"],
-                r.get("parent"),
-                r.get("trace") or "",
-                r["name"],
-                t,
-                dict(r.get("attrs") or {}),
-                r.get("thread") or "",
-            )
+            span = self.spans[r["span"]] = span_from(r)
+            span.attrs = dict(span.attrs)
         elif kind == "end":
             span = self.spans.get(r["span"])
             if span is not None:
                 span.end, span.status = t, r.get("status") or "ok"
-                span.attrs = {**span.attrs, **(r.get("attrs") or {})}  # may be shared (``_pack``)
+                span.attrs = {**span.attrs, **(r.get("attrs") or {})}  # shared (``records._AttrsCache``)
                 span.error = r.get("error")
         elif kind == "event":
             span = self.spans.get(r["span"])
@@ -140,9 +115,8 @@ class ProcessRec:
         elif kind == "launch":
             self.launch = r
 
-    def _collective(self, r: dict[str, Any], t: int) -> None:
-        group, seq, op = r["group"], r["seq"], r["op"]
-        if r["edge"] == "exit":
+    def _collective(self, group: str, seq: int, op: str, edge: str, t: int) -> None:
+        if edge == "exit":
             self.coll_open.pop((group, seq), None)
             return
         self.coll_counts[group] = max(self.coll_counts.get(group, 0), seq)
@@ -275,7 +249,7 @@ class RunView:
             self._tails[path] = (JournalTail(path), ProcessRec(path))
         tail, proc = self._tails[path]
         told = len(proc.told)
-        _apply_all(tail, proc, tail.read(final=final))
+        _apply_all(tail, proc, tail.read_bulk(final=final))
         self._told += [(proc, r) for r in proc.told[told:]]
 
     def dir_of(self, proc: ProcessRec) -> Path:
@@ -352,45 +326,64 @@ class RunView:
         return None
 
 
-def _apply_all(tail: JournalTail, proc: ProcessRec, records: list[dict[str, Any]]) -> None:
-    """Apply a chunk's records; one that ``apply`` cannot use (a gap between ``records.validate``
-    and ``apply``: a bug) is reported as ``file:line`` and the rest of the chunk is still used."""
+def _apply_all(tail: JournalTail, proc: ProcessRec, chunk: tuple[dict[str, list[Any]], list[dict[str, Any]]]) -> None:
+    """Apply a chunk (``JournalTail.read_bulk``): its bulk begins, then its other records in order,
+    then its bulk ends, events and collectives (each kind in file order: one kind never waits for
+    another, but an ``end`` needs its ``begin``). A record that ``apply`` cannot use (a gap between
+    the schema and ``apply``: a bug) is reported as ``file:line`` and the rest is still used."""
+    bulk, records = chunk
     spans = proc.spans
-    latest = 0  # of the ``begin``/``end`` records: their times count for both ``last_t`` and progress
+    latest = 0  # of begin/end/event/collective records: their times count for ``last_t`` and progress
+    if begins := bulk.get("begin"):
+        spans.update(zip(map(_SPAN_ID, begins), begins, strict=True))
+        latest = max(map(_START, begins))
     for i, r in enumerate(records):
         try:
             kind = r["kind"]
-            if kind == "begin":  # most of a journal: ``apply``'s work, inline
+            if kind == "begin" or kind == "end":  # written otherwise than by ``journal.dumps``
                 t = r["t"]
                 if t > latest:
                     latest = t
-                sid = r["span"]  # the record is ours alone: its attrs are used, not copied
-                spans[sid] = SpanRec(
-                    sid,
-                    r.get("parent"),
-                    r.get("trace") or "",
-                    r["name"],
-                    t,
-                    r.get("attrs") or {},
-                    r.get("thread") or "",
-                )
-            elif kind == "end":
-                t = r["t"]
-                if t > latest:
-                    latest = t
-                if (span := spans.get(r["span"])) is not None:
+                if kind == "begin":  # the record is ours alone: its attrs are used, not copied
+                    spans[r["span"]] = span_from(r)
+                elif (span := spans.get(r["span"])) is not None:
                     span.end, span.status = t, r.get("status") or "ok"
-                    if attrs := r.get("attrs"):  # a new dict: attrs may be shared (``_pack``)
+                    if attrs := r.get("attrs"):  # a new dict: attrs are shared (``records._AttrsCache``)
                         span.attrs = {**span.attrs, **attrs}
                     span.error = r.get("error")
             else:
                 proc.apply(r)
         except Exception as exc:
             tail.problems.append(f"{tail.path}:{tail.line_of(i)}: {r['kind']} record not used ({exc!r})")
+    for kind in ("end", "event", "collective"):
+        items = bulk.get(kind)
+        if not items:
+            continue
+        latest = max(latest, max(map(_T, items)))
+        try:
+            if kind == "end":
+                for e in items:
+                    if (span := spans.get(e.span)) is not None:
+                        span.end, span.status, span.error = e.t, e.status or "ok", e.error
+                        if e.attrs:  # a new dict: attrs are shared (``records._AttrsCache``)
+                            span.attrs = {**span.attrs, **e.attrs}
+            elif kind == "event":
+                for e in items:
+                    if (span := spans.get(e.span)) is not None:
+                        span.events.append({"t": e.t, "name": e.name, "attrs": e.attrs or {}})
+            else:
+                collective = proc._collective
+                for c in items:
+                    collective(c.group, c.seq, c.op, c.edge, c.t)
+        except Exception as exc:
+            tail.problems.append(f"{tail.path}: {kind} records not used ({exc!r})")
     if latest > proc.last_t:  # both are maxima: the order records were applied in does not matter
         proc.last_t = latest
     if latest > proc.last_progress_t:
         proc.last_progress_t = latest
+
+
+_SPAN_ID, _START, _T = attrgetter("span_id"), attrgetter("start"), attrgetter("t")
 
 
 def load_run(path: Path | str, *more: Path | str, parallel: bool = False, shallow: int | None = None) -> RunView:
@@ -406,15 +399,15 @@ def load_run(path: Path | str, *more: Path | str, parallel: bool = False, shallo
 # -- reading a large run on two cores -------------------------------------------------------------
 
 _PROC_FIELDS = tuple(f.name for f in fields(ProcessRec) if f.name not in ("path", "spans"))
-_SPAN_FIELDS = attrgetter(*(f.name for f in fields(SpanRec)))
 _TAIL_FIELDS = ("offset", "lines", "problems", "unknown_kinds", "_unreadable")
 
 
 class _Child:
     """A forked child that reads the last part of a run's journals (``SHARE`` of the bytes) while
     the parent reads the rest, and sends back each journal's state (``ProcessRec``, the reader's
-    position and problems) as ``marshal`` data over a pipe: unpacking it costs the parent a tenth
-    of reading it (1024 ranks, 178 MB: 1.8 s read in one process, 1.25 s on two cores). Used only
+    position and problems) over a pipe (``_pack``): unpacking it costs the parent a fifth of
+    reading it (1024 ranks, 178 MB: ≈ 2.5 s read in one process, ≈ 2.1 s on two cores; a
+    ``shallow`` read ≈ 1.6 s). Used only
     where it pays and is safe: a run of ``MIN_BYTES`` or more, two usable cores, Linux
     (``os.fork``), and no other thread in the process. Anything wrong (the child failed, died, sent
     what cannot be unpacked) and the parent reads those journals itself."""
@@ -457,8 +450,7 @@ class _Child:
             code = 1
             try:
                 os.close(r)
-                shared: dict[tuple, dict[str, Any]] = {}
-                data = marshal.dumps([_pack(path, final, shallow, shared) for path in journals[first:]])
+                data = marshal.dumps([_pack(path, final, shallow) for path in journals[first:]])
                 with os.fdopen(w, "wb") as out:
                     out.write(data)
                 code = 0
@@ -498,26 +490,16 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _pack(
-    path: Path, final: bool, shallow: int | None = None, shared: dict[tuple, dict[str, Any]] | None = None
-) -> tuple:
-    """One journal's state, as ``_unpack`` takes it back. Spans with equal attrs (value types
-    included) get one shared dict: ``marshal`` writes it once (a few dozen distinct attrs among
-    100 k spans), and readers never change a span's attrs in place (``end`` records replace them)."""
+def _pack(path: Path, final: bool, shallow: int | None = None) -> tuple:
+    """One journal's state, as ``_unpack`` takes it back: the spans as msgpack (decoded in C by
+    the parent, straight into ``SpanRec``s), the rest as ``marshal`` data."""
     tail, proc = JournalTail(path), ProcessRec(path)
-    _apply_all(tail, proc, tail.read(final=final))
-    spans = proc.spans.values() if shallow is None else _shallow(proc.spans, shallow)
-    if shared is not None:
-        for span in spans:
-            attrs = span.attrs
-            try:
-                span.attrs = shared.setdefault((tuple(attrs.items()), tuple(map(type, attrs.values()))), attrs)
-            except TypeError:  # a list value
-                pass
+    _apply_all(tail, proc, tail.read_bulk(final=final))
+    spans = list(proc.spans.values()) if shallow is None else _shallow(proc.spans, shallow)
     return (
         [getattr(tail, name) for name in _TAIL_FIELDS],
         [getattr(proc, name) for name in _PROC_FIELDS],
-        list(map(_SPAN_FIELDS, spans)),
+        msgspec.msgpack.encode(spans),
     )
 
 
@@ -543,5 +525,9 @@ def _unpack(path: Path, item: tuple) -> tuple[JournalTail, ProcessRec]:
         setattr(tail, name, value)
     for name, value in zip(_PROC_FIELDS, proc_state, strict=True):
         setattr(proc, name, value)
-    proc.spans = {span[0]: SpanRec(*span) for span in spans}
+    decoded = _SPANS.decode(spans)
+    proc.spans = dict(zip(map(_SPAN_ID, decoded), decoded, strict=True))
     return tail, proc
+
+
+_SPANS = msgspec.msgpack.Decoder(list[SpanRec])

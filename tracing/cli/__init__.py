@@ -1,13 +1,16 @@
 """The ``phasetrace`` command line: one name, one module per verb.
 
-To add a verb, write a module with a class satisfying ``command.Command`` and add an instance to
-``commands()`` below (``watch`` goes there).
+To add a verb, write a module with a class satisfying ``command.Command`` and add it to ``VERBS``
+below. Only the verb asked for is imported (a viewer never loads the bundle's or the pre-flight's
+modules); ``phasetrace --help`` imports them all.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib
+import os
 import sys
 
 from .command import EXIT_FAILED, EXIT_STALLED, Command, CommandError, where
@@ -19,32 +22,26 @@ Start with:  phasetrace run -- python -m sglang.launch_server --model-path M --t
 """
 
 
-def commands() -> list[Command]:
-    from .bundle import BundleCommand
-    from .compare import Compare
-    from .doctor import Doctor
-    from .env import Env
-    from .export import Export
-    from .preflight import Preflight
-    from .report import Report
-    from .run import Run
-    from .status import Status
-    from .timeline import Timeline
-    from .watch import Watch
+# name -> (module, class), in the order ``--help`` lists them
+VERBS = {
+    "run": ("run", "Run"),
+    "preflight": ("preflight", "Preflight"),
+    "status": ("status", "Status"),
+    "watch": ("watch", "Watch"),
+    "timeline": ("timeline", "Timeline"),
+    "compare": ("compare", "Compare"),
+    "report": ("report", "Report"),
+    "export": ("export", "Export"),
+    "bundle": ("bundle", "BundleCommand"),
+    "doctor": ("doctor", "Doctor"),
+    "env": ("env", "Env"),
+}
 
-    return [
-        Run(),
-        Preflight(),
-        Status(),
-        Watch(),
-        Timeline(),
-        Compare(),
-        Report(),
-        Export(),
-        BundleCommand(),
-        Doctor(),
-        Env(),
-    ]
+
+def commands(only: str | None = None) -> list[Command]:
+    """Every verb, or only the one named ``only`` when it is one."""
+    names = [only] if only in VERBS else list(VERBS)
+    return [getattr(importlib.import_module(f"{__name__}.{VERBS[n][0]}"), VERBS[n][1])() for n in names]
 
 
 def build_parser(verbs: list[Command]) -> argparse.ArgumentParser:
@@ -69,8 +66,9 @@ def build_parser(verbs: list[Command]) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        args = build_parser(commands()).parse_args(argv)
+        args = build_parser(commands(argv[0] if argv else None)).parse_args(argv)
     except SystemExit as exc:  # --help, or bad usage (argparse printed why)
         return exc.code if isinstance(exc.code, int) else 2
     if getattr(args.command, "bulk", False):
@@ -90,6 +88,24 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         gc.enable()
+
+
+# verbs that read runs and write output, nothing else: they end without freeing what they read
+VIEWERS = frozenset({"status", "timeline", "compare", "report", "export", "bundle"})
+
+
+def console() -> None:
+    """The ``phasetrace`` command. A viewer exits without freeing what it read (a 1024-rank run:
+    half a second of deallocation), as mypy does: its output flushed, its files already closed."""
+    code = main()
+    if sys.argv[1:2] and sys.argv[1] in VIEWERS:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe: nothing more to say
+                pass
+        os._exit(code)
+    sys.exit(code)
 
 
 __all__ = ["Command", "CommandError", "main"]

@@ -1,7 +1,5 @@
 """``python -m sglang_phasetrace.tracing.cli`` — the same as the ``phasetrace`` command."""
 
-import sys
+from . import console
 
-from . import main
-
-sys.exit(main())
+console()

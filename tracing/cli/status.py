@@ -71,7 +71,7 @@ failed, so scripts can poll it:
         args: argparse.Namespace,
         said: set[str],
     ) -> tuple[list[StatusRow], list[Finding], Group]:
-        view.refresh(parallel=True)  # a first read of a large run on two cores; later ones: what was appended
+        view.refresh(parallel=True, shallow=0)  # a first read of a large run on two cores; later: what was appended
         now = time.time_ns()
         lay = layout(view, now, depth=0)  # the table shows where each process is, not every phase
         thresholds = Thresholds.from_env()

@@ -279,7 +279,7 @@ def layout(run: RunView, now: int | None = None, depth: int | None = None, attrs
                 continue
             attrs = span.attrs
             aid = -1
-            if scrub and (hit := by_object.get(id(attrs))) is not None:  # a dict shared by spans (``rundir._pack``)
+            if scrub and (hit := by_object.get(id(attrs))) is not None:  # shared by spans (``records._AttrsCache``)
                 aid, shown, _ = hit
                 if shown is not attrs:
                     span.attrs = attrs = shown
