@@ -5,9 +5,6 @@ the launch identity, publish/read among nodes, the master going away, bad payloa
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,6 +13,7 @@ import zlib
 from collections.abc import Iterator
 
 import pytest
+from conftest import free_port, kill_group
 from sglang_phasetrace.tracing.relay import PREFIX, Relay, decode, encode, parse_addr
 
 pytestmark = pytest.mark.timeout(120)
@@ -57,12 +55,6 @@ RANK = textwrap.dedent(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def spawn(code: str, *args: object) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", code, *map(str, args)],
@@ -74,8 +66,7 @@ def spawn(code: str, *args: object) -> subprocess.Popen[str]:
 
 
 def stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
+    kill_group(proc.pid)
     proc.wait(timeout=10)
     if proc.stdout:
         proc.stdout.close()
@@ -164,7 +155,7 @@ def test_master_gone_disconnects_warns_once_and_reconnects(master: tuple[int, su
     assert up(node0, node1)
     node1.publish(encode({"seq": 1}))
     assert 1 in node0.read()
-    os.killpg(proc.pid, signal.SIGKILL)
+    kill_group(proc.pid)
     proc.wait(timeout=10)
     start = time.monotonic()
     for _ in range(3):  # the first op that notices drops the connection; later ones are no-ops

@@ -35,6 +35,7 @@ from typing import Any
 
 from . import files, keys, process_state, records
 from .journal import read_regular
+from .relay import Relay, decode, encode
 from .rundir import ProcessRec, RunView
 
 log = logging.getLogger("sglang_phasetrace")
@@ -219,8 +220,6 @@ class CrossNode:
     others'), and ``exchange`` for the watchdog's pass. Stops at this node's ready."""
 
     def __init__(self, node: Node, run_dir: Path, trace: str, interval: float, stale_s: float) -> None:
-        from .relay import Relay
-
         self.node, self.run_dir, self.trace = node, run_dir, trace
         self.interval, self.stale_s = interval, stale_s
         self.relay = Relay(node.rendezvous or "", node.rank, node.nnodes, warn=_warn_once)
@@ -252,8 +251,6 @@ class CrossNode:
                 if finishing:  # this node is ready: its last snapshot says so (read here, off the caller)
                     self.seq += 1
                     snap = snapshot(RunView(self.run_dir).refresh(), self.node.rank, self.seq, time.time_ns())
-                    from .relay import encode
-
                     with self.lock:
                         self.outbox = encode(snap)
                 self.pass_once()
@@ -310,8 +307,6 @@ class CrossNode:
     def exchange(self, view: RunView, now: int) -> list[str]:
         """One watchdog pass: offer this node's snapshot; put the other nodes' into ``view``.
         Returns notices (a node that stopped reporting), each once."""
-        from .relay import decode, encode
-
         self.seq += 1
         payload = encode(snapshot(view, self.node.rank, self.seq, now))
         with self.lock:

@@ -207,18 +207,17 @@ class JournalTail:
 
     def read(self, final: bool = False) -> list[dict]:
         """The records appended since the last read, as dicts."""
-        lines = self._next_lines(final)
-        return self._records(lines, range(self.lines - len(lines) + 1, self.lines + 1)) if lines else []
+        lines, numbers = self._next_lines(final)
+        return self._records(lines, numbers) if lines else []
 
     def read_bulk(self, final: bool = False) -> tuple[dict[str, list[Any]], list[dict]]:
         """``read`` for a reader that keeps every span (``rundir``): the lines of the bulk kinds
         (``records.BULK``: nearly all of a journal) decoded straight into objects, per kind in file
         order, and the other records as ``read`` gives them. A chunk with a line the fast path
         refuses goes ``read``'s way whole, so each bad line is named as usual."""
-        lines = self._next_lines(final)
+        lines, numbers = self._next_lines(final)
         if not lines:
             return {}, []
-        numbers = range(self.lines - len(lines) + 1, self.lines + 1)
         heads = list(map(_HEAD, lines))
         bulk: dict[str, list[Any]] = {}
         try:
@@ -236,17 +235,19 @@ class JournalTail:
         rest = list(map(operator.not_, map(BULK.__contains__, heads)))
         return bulk, self._records(list(compress(lines, rest)), list(compress(numbers, rest)))
 
-    def _next_lines(self, final: bool) -> list[bytes]:
+    def _next_lines(self, final: bool) -> tuple[list[bytes], range]:
+        """The whole lines appended since the last read (and a last one without its newline when
+        ``final``), with their line numbers in the file."""
         data = self._read_more()
         if not data:
-            return []
+            return [], range(0)
         end = len(data) if final else data.rfind(b"\n") + 1
         lines = data[:end].split(b"\n")
         if lines[-1] == b"":
             lines.pop()
         self.offset += end
         self.lines += len(lines)
-        return lines
+        return lines, range(self.lines - len(lines) + 1, self.lines + 1)
 
     def _records(self, lines: list[bytes], numbers: Sequence[int]) -> list[dict]:
         """``lines`` (line ``numbers[i]`` of the file each) as valid records; the rest reported."""

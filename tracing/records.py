@@ -386,6 +386,7 @@ def _f(name: str, types: tuple[type, ...], required: bool = False, deep: Deep | 
 
 
 _SPAN, _TRACE, _ATTRS, _SPAN_ATTRS = Hex(16), Hex(32), Attributes(), Attributes(span=True)
+_ERROR = Fields(_f("type", STR), _f("message", STR), _f("stack", STR))  # an ``end`` record's ``error``
 SCHEMA: dict[str, tuple[Field, ...]] = {
     "process": (
         _f("pid", INT, True),
@@ -412,7 +413,7 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
         _f("span", STR, True, _SPAN),
         _f("status", STR, deep=OneOf(STATUSES)),
         _f("attrs", OBJ, deep=_SPAN_ATTRS),
-        _f("error", OBJ, deep=Fields(_f("type", STR), _f("message", STR), _f("stack", STR))),
+        _f("error", OBJ, deep=_ERROR),
     ),
     "heartbeat": (
         _f("seq", INT, True),
@@ -555,7 +556,7 @@ _TYPES = {True: _ALLOWED, False: {types: frozenset((*types, _NONE)) for types in
 # with the types of ``SCHEMA`` checked in C; ``bulk_valid`` adds what types cannot say (hex ids,
 # the names readers use, fields only readers set). A chunk where either refuses a line goes the way
 # of every other kind: ``validate`` per record, naming the line (``journal.JournalTail``).
-# ``tests/test_schema.py`` checks that these decoders accept and refuse what ``validate`` does.
+# ``tests/test_bad_records.py`` checks that these decoders accept and refuse what ``validate`` does.
 
 _Scalar = str | int | float | bool | None
 _Attrs = dict[str, str | int | float | bool | list[_Scalar] | None]
@@ -628,15 +629,14 @@ class _AttrsCache(dict):
     journal not decoded at all, and spans with equal attrs share one dict. Readers never change a
     span's attrs in place (an ``end`` record's replace them)."""
 
-    def __init__(self, names: tuple[str, ...]) -> None:
+    def __init__(self, check: Attributes) -> None:
         super().__init__()
-        self.names = names  # values that must be strings (``Attributes``)
+        self.check = check  # what the types do not say (span attrs: the names readers use are strings)
 
     def __missing__(self, raw: bytes) -> dict[str, Any]:
         value = _decode_attrs(raw) or {}
-        for name in self.names:
-            if type(value.get(name, "")) is not str and value.get(name) is not None:
-                raise ValueError(f"attrs.{name} must be a string")
+        if (why := self.check.check(value)) is not None:
+            raise ValueError(f"attrs{why[0]} {why[1]}")
         if len(self) > 100_000:
             self.clear()
         self[raw] = value
@@ -649,7 +649,7 @@ class _AttrsCache(dict):
 
 _decode_attrs = msgspec.json.Decoder(_Attrs | None).decode
 _ATTRS_OF = attrgetter("attrs")
-_SPAN_ATTRS_CACHE, _ATTRS_CACHE = _AttrsCache(Attributes.NAMES), _AttrsCache(())
+_SPAN_ATTRS_CACHE, _ATTRS_CACHE = _AttrsCache(_SPAN_ATTRS), _AttrsCache(_ATTRS)
 
 
 class CollectiveRec(msgspec.Struct, tag="collective", tag_field="kind"):
@@ -670,7 +670,6 @@ BULK: dict[bytes, tuple[str, msgspec.json.Decoder]] = {
     b'{"kind":"event",': ("event", msgspec.json.Decoder(list[EventRec])),
     b'{"kind":"collect': ("collective", msgspec.json.Decoder(list[CollectiveRec])),
 }
-_ERROR = Fields(_f("type", STR), _f("message", STR), _f("stack", STR))
 
 
 def bulk_valid(kind: str, items: list[Any]) -> bool:
@@ -691,7 +690,7 @@ def bulk_valid(kind: str, items: list[Any]) -> bool:
     if kind == "event":
         return True
     if kind == "end":
-        return all(type(e) is dict and _ERROR.check(e) is None for e in map(attrgetter("error"), items) if e)
+        return all(_ERROR.check(e) is None for e in map(attrgetter("error"), items) if e)
     parents = [p for p in map(attrgetter("parent_id"), items) if p is not None]
     traces = list(map(attrgetter("trace_id"), items))
     given = [t for t in traces if t is not None]

@@ -216,7 +216,7 @@ class RunView:
     def refresh(self, final: bool = False, parallel: bool = False, shallow: int | None = None) -> RunView:
         """Read what was appended. ``parallel``: a first read of a large run is shared with a forked
         child (``_Child``): the CLI's one-shot read, never a live watcher's thread. ``shallow``: the
-        reader draws spans down to that depth only (``timeline``): the child leaves out the deeper
+        reader draws spans down to that depth only (``status``, ``timeline``): the child leaves out the deeper
         ones that ended well (they are not needed, and are most of what it would send back)."""
         journals = [
             path
@@ -290,11 +290,6 @@ class RunView:
         return out
 
     @property
-    def nodes(self) -> list[int]:
-        """The nodes of a multi-node launch its processes say they run on (empty: a single node)."""
-        return sorted({n for p in self.processes if (n := p.node) is not None})
-
-    @property
     def ranks(self) -> list[ProcessRec]:
         return [p for p in self.processes if p.role == "rank"]
 
@@ -337,22 +332,9 @@ def _apply_all(tail: JournalTail, proc: ProcessRec, chunk: tuple[dict[str, list[
     if begins := bulk.get("begin"):
         spans.update(zip(map(_SPAN_ID, begins), begins, strict=True))
         latest = max(map(_START, begins))
-    for i, r in enumerate(records):
+    for i, r in enumerate(records):  # other kinds, and bulk kinds written otherwise than by ``journal.dumps``
         try:
-            kind = r["kind"]
-            if kind == "begin" or kind == "end":  # written otherwise than by ``journal.dumps``
-                t = r["t"]
-                if t > latest:
-                    latest = t
-                if kind == "begin":  # the record is ours alone: its attrs are used, not copied
-                    spans[r["span"]] = span_from(r)
-                elif (span := spans.get(r["span"])) is not None:
-                    span.end, span.status = t, r.get("status") or "ok"
-                    if attrs := r.get("attrs"):  # a new dict: attrs are shared (``records._AttrsCache``)
-                        span.attrs = {**span.attrs, **attrs}
-                    span.error = r.get("error")
-            else:
-                proc.apply(r)
+            proc.apply(r)
         except Exception as exc:
             tail.problems.append(f"{tail.path}:{tail.line_of(i)}: {r['kind']} record not used ({exc!r})")
     for kind in ("end", "event", "collective"):

@@ -114,11 +114,11 @@ def _scrub(span: SpanRec) -> None:
 def phase_key(span: SpanRec) -> str:
     """The phase name, told apart where one rank runs it several ways (draft model, comm group)."""
     attrs = span.attrs
-    phase = attrs.get(keys.PHASE) or span.name
-    if attrs.get(keys.IS_DRAFT) is True:
-        return f"{phase} [draft]"
-    group = attrs.get(keys.GROUP_NAME)
-    return f"{phase} [{group}]" if group else phase
+    return _key_text(attrs.get(keys.PHASE) or span.name, attrs.get(keys.IS_DRAFT) is True, attrs.get(keys.GROUP_NAME))
+
+
+def _key_text(phase: str, draft: bool, group: Any) -> str:
+    return f"{phase} [draft]" if draft else f"{phase} [{group}]" if group else phase
 
 
 _RAW_KEYS: dict[tuple, str] = {}  # (phase, draft, group) as written -> the phase key, redacted
@@ -126,22 +126,16 @@ _RAW_KEYS: dict[tuple, str] = {}  # (phase, draft, group) as written -> the phas
 
 def _raw_key(attrs: dict[str, Any], name: str) -> str:
     """``phase_key`` of a span whose attrs were not redacted: as it reads once they are."""
-    raw = (attrs.get(keys.PHASE), attrs.get(keys.IS_DRAFT) is True, attrs.get(keys.GROUP_NAME), name)
+    phase, draft, group = attrs.get(keys.PHASE), attrs.get(keys.IS_DRAFT) is True, attrs.get(keys.GROUP_NAME)
+    raw: tuple | None = (phase, draft, group, name)
     try:
         hit = _RAW_KEYS.get(raw)
     except TypeError:  # a list value (a hand-written journal)
         hit, raw = None, None
     if hit is None:
-        phase, draft, group, _ = (
-            attrs.get(keys.PHASE),
-            attrs.get(keys.IS_DRAFT) is True,
-            attrs.get(keys.GROUP_NAME),
-            name,
-        )
-        phase = _redacted(keys.PHASE, phase) if phase else phase
-        phase = phase or name
+        phase = (_redacted(keys.PHASE, phase) if phase else phase) or name
         group = _redacted(keys.GROUP_NAME, group) if group else group
-        hit = f"{phase} [draft]" if draft else f"{phase} [{group}]" if group else phase
+        hit = _key_text(phase, draft, group)
         if raw is not None:
             if len(_RAW_KEYS) > 100_000:
                 _RAW_KEYS.clear()
