@@ -29,7 +29,10 @@ class Ranks:
 
     def __init__(self, model: Path, base: Path, traced: bool, ignore: tuple[int, ...] = ()) -> None:
         self.base = base
-        env = hook_env(base, {"SGLANG_PHASETRACE_RUN_DIR": str(base / "run")}, hooks=traced)
+        self.planted = base / "planted"  # rank 1 is in its plant: rank 0 is past init_process_group
+        base.mkdir(parents=True, exist_ok=True)
+        extra = {"SGLANG_PHASETRACE_RUN_DIR": str(base / "run"), "DIST_RANKS_PLANTED": str(self.planted)}
+        env = hook_env(base, extra, hooks=traced)
         args = [sys.executable, *dist_ranks(model, 2, "sleep", 1)]
 
         def setup() -> None:
@@ -48,9 +51,13 @@ class Ranks:
         self.proc.communicate(timeout=30)
 
     def rank0_waiting(self, timeout: float = 120) -> psutil.Process:
-        """Rank 0's process once it has waited a while inside gloo (its children: rank0, rank1)."""
+        """Rank 0's process once it has waited a while inside gloo for rank 1, blocked in its plant
+        (before that, rank 0 may still wait in init_process_group's store barrier: a Python loop)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if not self.planted.exists():
+                time.sleep(0.5)
+                continue
             children = [c for c in psutil.Process(self.proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
             ranks = sorted(children, key=lambda c: c.create_time())
             if len(ranks) == 2 and _in_gloo(ranks[0]):
@@ -96,8 +103,9 @@ def test_signal_ends_a_rank_blocked_in_gloo_exactly_as_untraced(sig: signal.Sign
     """Seconds from the signal to the rank's end (None: still running), traced and not."""
     seen = {}
     # SIGINT: Python raises KeyboardInterrupt when the main thread is back in Python. Rank 0 waits in
-    # torch's store barrier (``_store_based_barrier``: C waits of 10 s in a Python loop), so it ends
-    # at the next turn, 0-10 s after the signal: watched for 25 s, traced or not, it ends the same.
+    # C (gloo's process group setup, for rank 1's address in the store) with no Python turn for
+    # minutes; if it had one (torch's store barrier: waits of 10 s in a Python loop) it would end
+    # then: watched for 25 s, traced or not, it ends the same.
     window = 25 if sig == signal.SIGINT else 10
     for traced in (False, True):
         with Ranks(tiny_model[0], tmp_path / f"traced-{traced}", traced) as ranks:

@@ -210,6 +210,35 @@ def test_sigkill_in_weight_loading_hints_at_the_oom_killer_and_its_consequence_g
     hint_after_verdict(lines, "oom_kill_in_load")
 
 
+def test_a_rank_killed_in_sglangs_teardown_follows_the_failure_that_set_it_off(tmp_path: Path) -> None:
+    """tp0 blocks in a collective (last heard 2 s ago), tp1 fails 1 s ago, SGLang's teardown SIGKILLs
+    tp0: its launcher saw it running as the teardown began, so the failure is the root cause."""
+    Rank(tmp_path, 0).enter("eagle.set_embed_and_head", ago=30).write(beat_ago=2)
+    Rank(tmp_path, 1).enter("eagle.draft_attention_init", ago=1.2).fail(1, "EAGLE is not supported").write(beat_ago=3)
+    (tmp_path / "journal" / "other-99.jsonl").write_text(
+        "".join(
+            json.dumps(r) + "\n"
+            for r in [
+                {"kind": "process", "t": NOW - 300 * S, "pid": 99, "host": "other", "resource": {}},
+                {"kind": "identity", "t": NOW - 300 * S, "label": "launcher", "role": "launcher", "attrs": {}},
+                {
+                    "kind": "begin",
+                    "t": NOW - int(0.9 * S),
+                    "span": "9" * 16,
+                    "parent": None,
+                    "trace": "a" * 32,
+                    "name": "launch.teardown",
+                    "attrs": {"sglang.phase": "launch.teardown", "phasetrace.alive_pids": [100, 101]},
+                },
+                {"kind": "exit", "t": NOW - S // 2, "pid": 100, "host": "other", "label": "tp0", "signal": "SIGKILL"},
+            ]
+        )
+    )
+    lines = [line for line in watch(tmp_path) if "HINT" not in line]
+    assert lines[0].startswith("sglang-phasetrace: FAILED rank tp1"), lines
+    assert lines[1].startswith("sglang-phasetrace: DIED rank tp0") and "a consequence of tp1's failure" in lines[1]
+
+
 def test_no_hint_for_unrelated_phases_or_notices(tmp_path: Path) -> None:
     assert not any("HINT" in line for line in stalled_in(tmp_path, "attention.init"))
     busy = Finding("busy", "tp2", 102, "graph.capture", 70.0, "rank tp2 is busy in 'graph.capture' for 70 s")

@@ -24,6 +24,7 @@ LAUNCH_ID = "phasetrace.launch_id"  # resource attribute: the launch, whatever t
 PHASE = "sglang.phase"
 TARGET = "phasetrace.target"
 AFTER_READY = "phasetrace.after_ready"
+ALIVE_AT_TEARDOWN = "phasetrace.alive_pids"  # on launch.teardown: local ranks the launcher saw running then
 INCOMPLETE = "phasetrace.incomplete"
 SNAPSHOT = "phasetrace.snapshot"  # on spans a snapshot export closed for the reader (still open in the run)
 

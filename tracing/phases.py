@@ -100,9 +100,9 @@ def enter(phase: PhaseSpec, call: CallInfo) -> Handle | None:
                 rt.count_runtime_call(phase.name, time.perf_counter_ns() - start)
             return None
         report = _run(phase, "enter", phase.enter, call)
-        if report.teardown:
-            watchdog.launcher_last_words()
         attrs: dict[str, Any] = {keys.PHASE: phase.name, keys.TARGET: call.target, **report.attrs}
+        if report.teardown and (alive := watchdog.launcher_last_words()):
+            attrs[keys.ALIVE_AT_TEARDOWN] = alive  # these ranks end in the teardown, not before it
         if rt.ready:
             attrs[keys.AFTER_READY] = True
         span = _start(rt, phase, attrs)

@@ -53,6 +53,7 @@ def endings(run: RunView, gone: dict[int, procs.Ended | None]) -> list[Ending]:
     """Ranks that ended before ready, oldest first. ``gone``: pid -> how it ended (None: unknown)
     for rank processes no longer running."""
     out = []
+    torn = _torn_down(run)
     for proc in run.processes:
         if proc.role != "rank" or proc.ready:
             continue
@@ -71,9 +72,22 @@ def endings(run: RunView, gone: dict[int, procs.Ended | None]) -> list[Ending]:
                 how = procs.Ended(proc.pid, recorded.get("code"), _signum(recorded.get("signal"))).describe()
             else:
                 how = "is gone (exit status not visible from this process)"
-            phase, seconds = _innermost_at(proc, proc.last_t)
-            out.append(Ending(proc, proc.last_t, how, phase, seconds, False))
+            t = max(proc.last_t, torn.get((proc.host, proc.pid), 0))  # running as the teardown began: ended in it
+            phase, seconds = _innermost_at(proc, t)
+            out.append(Ending(proc, t, how, phase, seconds, False))
     return sorted(out, key=lambda e: e.t)
+
+
+def _torn_down(run: RunView) -> dict[tuple[str | None, int], int]:
+    """(host, pid) -> when SGLang began tearing the launch down, for the ranks its launcher saw running
+    then: a blocked rank is last heard of seconds before it is killed, yet it ended after the
+    failure that set off the teardown."""
+    out: dict[tuple[str | None, int], int] = {}
+    for proc in run.processes:
+        for span in proc.spans.values() if proc.role == "launcher" else ():
+            for pid in span.attrs.get(keys.ALIVE_AT_TEARDOWN) or ():
+                out[proc.host, pid] = max(out.get((proc.host, pid), 0), span.start)
+    return out
 
 
 def _finished_cleanly(proc: ProcessRec, ended: procs.Ended | None, recorded: dict | None) -> bool:

@@ -277,11 +277,12 @@ def _ready(dog: Watchdog) -> None:
         dog.crossnode.finish()
 
 
-def launcher_last_words() -> None:
-    """Called as SGLang starts tearing the launch down (``tracing.phases``): name who ended first."""
+def launcher_last_words() -> list[int]:
+    """Called as SGLang starts tearing the launch down (``tracing.phases``): name who ended first.
+    Returns the pids of this host's ranks still running then (they end in the teardown)."""
     dog = process_state.STATE.launcher_watchdog
     if dog is None or dog.stop.is_set():
-        return
+        return []
     dog.stop.set()
     # SGLang's teardown is already under way (its SIGQUIT handler called us): a second failing child's
     # SIGQUIT would re-enter that handler and kill the tree mid-sentence. Ignored for these few
@@ -292,6 +293,10 @@ def launcher_last_words() -> None:
             previous = signal.signal(signal.SIGQUIT, signal.SIG_IGN)
     try:
         dog.last_words()
+        return [p.pid for p in dog.run.ranks if not p.ready and p.pid not in dog.gone and proven(p)]
+    except Exception as exc:
+        log.debug("sglang-phasetrace: last words failed: %r", exc)
+        return []
     finally:
         if previous is not None:
             with contextlib.suppress(ValueError, OSError):

@@ -11,6 +11,8 @@ attention). The plant sits in rank ``--rank`` just before ``initialize_model_par
   slow      the rank first reads the model's weights through SGLang's real safetensors iterator,
             slowly but steadily (progress), then goes on
 
+With ``$DIST_RANKS_PLANTED`` set, the planted rank creates that file as it blocks.
+
     python dist_ranks.py MODEL_DIR --world 4 --plant sleep --rank 2 --port 29500
 """
 
@@ -26,12 +28,15 @@ import os
 import time
 
 STALL_S = 600  # bounded: the test kills the process group long before
+PLANTED_ENV = "DIST_RANKS_PLANTED"  # a file made as the planted rank blocks
 
 
 def _plant(kind: str, model: str) -> None:
     import wrapt
 
     def block() -> None:
+        if os.environ.get(PLANTED_ENV):  # a test waits for this: the plant is in place
+            open(os.environ[PLANTED_ENV], "w").close()
         if kind == "sleep":
             time.sleep(STALL_S)
         elif kind == "gil":

@@ -234,10 +234,8 @@ known-fix hints (said by the watchdog), without waiting for the deadline; not re
         if first is not None:
             where = f"{first.label} in '{first.phase}'" if first.phase else first.label
             code = EXIT_FAILED if first.kind in ENDED else EXIT_STALLED
-            say(
-                f"NOT READY: {'FAILED' if code == EXIT_FAILED else 'STALLED'} {where}; stopped the launch after "
-                f"{span(elapsed)}; run directory {view.path}"
-            )
+            word = "DIED" if first.kind == "died" else "FAILED" if code == EXIT_FAILED else "STALLED"
+            say(f"NOT READY: {word} {where}; stopped the launch after {span(elapsed)}; run directory {view.path}")
             return code
         if self.outcome == "deadline":
             say(f"NOT READY: deadline of {self.deadline_s:.0f} s passed; run directory {view.path}")
