@@ -157,6 +157,14 @@ def test_phase_all_peers_left(tmp_path: Path) -> None:
     assert "peers left it" in f.message
 
 
+def test_a_rank_that_waited_for_its_peers_in_a_phase_is_not_left_behind_as_they_leave(tmp_path: Path) -> None:
+    """tp1 waited 40 s in the rendezvous for tp0, which has just left it: tp1 leaves a moment later
+    (and another node's view of it lags); the peers must have been out for the blocked bound."""
+    r0 = Rank(tmp_path, 0).phase("dist.init_process_group", 12, 1).phase("model_runner.init", 1)
+    r1 = Rank(tmp_path, 1).phase("dist.init_process_group", 40)
+    assert findings(tmp_path, r0, r1) == []
+
+
 def test_silent_rank(tmp_path: Path) -> None:
     r0 = Rank(tmp_path, 0).phase("dist.init", 10)
     r1 = Rank(tmp_path, 1).phase("dist.init", 10)

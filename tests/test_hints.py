@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 
 import pytest
-from sglang_phasetrace.tracing import hints
+from sglang_phasetrace.tracing import hints, records
+from sglang_phasetrace.tracing.cli.findings import alarms, findings
 from sglang_phasetrace.tracing.diagnose import Finding, Thresholds
 from sglang_phasetrace.tracing.rundir import RunView
 from sglang_phasetrace.tracing.watchdog import Watchdog
@@ -237,6 +238,19 @@ def test_a_rank_killed_in_sglangs_teardown_follows_the_failure_that_set_it_off(t
     lines = [line for line in watch(tmp_path) if "HINT" not in line]
     assert lines[0].startswith("sglang-phasetrace: FAILED rank tp1"), lines
     assert lines[1].startswith("sglang-phasetrace: DIED rank tp0") and "a consequence of tp1's failure" in lines[1]
+    # a watcher recorded tp0's death after 30 s in its phase: the death is still not older than the failure
+    died = records.diagnosis(NOW - S // 3, "died", "tp0", 100, "eagle.set_embed_and_head", 30.0, "gone", {}, [])
+    (tmp_path / "journal" / "other-98.jsonl").write_text(
+        "".join(
+            json.dumps(r) + "\n"
+            for r in [
+                {"kind": "process", "t": NOW - 300 * S, "pid": 98, "host": "other", "resource": {}},
+                {"kind": "identity", "t": NOW - 300 * S, "label": "phasetrace-run", "role": "watchdog", "attrs": {}},
+                died,
+            ]
+        )
+    )
+    assert [f.label for f in alarms(findings(RunView(tmp_path).refresh(), NOW))] == ["tp1", "tp0"]
 
 
 def test_no_hint_for_unrelated_phases_or_notices(tmp_path: Path) -> None:

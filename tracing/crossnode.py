@@ -23,6 +23,7 @@ A launch with ``--nnodes N --node-rank k --dist-init-addr HOST:PORT`` runs one l
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -227,7 +228,7 @@ class CrossNode:
         self.outbox: bytes | None = None
         self.inbox: dict[int, bytes] = {}
         self.agreed: dict[str, Any] | None = None
-        self.seq = 0
+        self.seq = itertools.count(1)  # two threads take numbers (a pass, and the last word): next() is atomic
         self.seen: dict[int, tuple[int, int]] = {}  # node -> (its seq, local time it arrived)
         self.offsets: dict[int, int] = {}
         self.payloads: dict[int, bytes] = {}  # node -> its latest payload, as received
@@ -249,8 +250,7 @@ class CrossNode:
             finishing = self.stop.is_set()
             try:
                 if finishing:  # this node is ready: its last snapshot says so (read here, off the caller)
-                    self.seq += 1
-                    snap = snapshot(RunView(self.run_dir).refresh(), self.node.rank, self.seq, time.time_ns())
+                    snap = snapshot(RunView(self.run_dir).refresh(), self.node.rank, next(self.seq), time.time_ns())
                     with self.lock:
                         self.outbox = encode(snap)
                 self.pass_once()
@@ -307,8 +307,7 @@ class CrossNode:
     def exchange(self, view: RunView, now: int) -> list[str]:
         """One watchdog pass: offer this node's snapshot; put the other nodes' into ``view``.
         Returns notices (a node that stopped reporting), each once."""
-        self.seq += 1
-        payload = encode(snapshot(view, self.node.rank, self.seq, now))
+        payload = encode(snapshot(view, self.node.rank, next(self.seq), now))
         with self.lock:
             self.outbox = payload
             inbox, self.inbox = self.inbox, {}

@@ -436,7 +436,9 @@ def _waited_on(
     waiting = _waiters(s, active, now, th.blocked_bound)
     phase, where, in_phase = _where(s, now)
     quiet = (now - s.last_progress_t) / NS
-    left = _peers_left(s, ranks) if phase and not waiting and quiet >= th.stall_s else []
+    left = (
+        _peers_left(s, ranks, now - int(th.blocked_bound * NS)) if phase and not waiting and quiet >= th.stall_s else []
+    )
     if not waiting and not left:
         return None
     detail = _detail(waiting, now) or "peers left it: " + ", ".join(f"{p.label} ({_where(p, now)[1]})" for p in left)
@@ -519,19 +521,20 @@ def _silent(p: ProcessRec, age: float, active: list[ProcessRec], now: int, th: T
     )
 
 
-def _peers_left(s: ProcessRec, ranks: list[ProcessRec]) -> list[ProcessRec]:
-    """Peers that ran ``s``'s current phase as often as ``s`` did and are out of it now."""
+def _peers_left(s: ProcessRec, ranks: list[ProcessRec], before: int) -> list[ProcessRec]:
+    """Peers that ran ``s``'s current phase as often as ``s`` did and were out of it by ``before``:
+    a rank that waited in a phase for a slow peer leaves it just after that peer, and another node's
+    view of it lags by up to a relay interval."""
     phase = s.current.phase if s.current else None
     if phase is None:
         return []
     mine = sum(1 for span in s.spans.values() if span.phase == phase)
     peers = [p for p in ranks if p is not s]
-    left = [
-        p
-        for p in peers
-        if sum(1 for span in p.spans.values() if span.phase == phase and span.end is not None) >= mine
-        and not any(span.phase == phase for span in p.open_spans)
-    ]
+    left = []
+    for p in peers:
+        ends = [span.end for span in p.spans.values() if span.phase == phase and span.end is not None]
+        if len(ends) >= mine and max(ends) <= before and not any(span.phase == phase for span in p.open_spans):
+            left.append(p)
     return left if peers and len(left) == len(peers) else []
 
 

@@ -95,11 +95,19 @@ def findings(
     reached their first phase, then live analysis of the others."""
     th = thresholds or Thresholds.from_env()
     began: dict[int, int] = {}  # id(finding) -> ns: when the trouble began
+    try:
+        ended_at = {e.proc.pid: e.t for e in postmortem.endings(run, gone or {})}
+    except Exception:  # said below, where the same call fails again
+        ended_at = {}
     latest: dict[tuple[int, str], tuple[Finding, int]] = {}
     for proc in run.processes:
         for record in sorted(proc.diagnoses, key=lambda r: r["t"]):
             finding = from_record(record)
-            latest[(finding.pid, finding.label)] = (finding, record["t"] - int(finding.since_s * NS))
+            if finding.kind in ENDED:  # it began as the rank ended (its since_s: how long it was in its phase)
+                t = ended_at.get(finding.pid, record["t"])
+            else:
+                t = record["t"] - int(finding.since_s * NS)
+            latest[(finding.pid, finding.label)] = (finding, t)
     shown: list[Finding] = []
     for finding, t in latest.values():
         if _holds(run, finding):
@@ -114,8 +122,7 @@ def findings(
                 began[id(f)] = (when or {}).get(f.pid, now_ns - int(f.since_s * NS))
 
     try:
-        ends = postmortem.endings(run, gone or {})
-        add(postmortem.findings(run, gone or {}), {e.proc.pid: e.t for e in ends})
+        add(postmortem.findings(run, gone or {}), ended_at)
         add(spawned.not_started(run, now_ns, th.stall_s, th.no_progress_s))
         add(analyze(run, now_ns, th))
     except Exception as exc:  # a verdict we cannot compute is said, not fatal
