@@ -108,6 +108,15 @@ class Rank:
         return self
 
 
+def process_journal(run: Path, pid: int, label: str, role: str, *later: dict) -> None:
+    """A non-rank process's journal (a launcher, a watcher): its opening records, then ``later``."""
+    opening = [
+        {"kind": "process", "t": NOW - 300 * S, "pid": pid, "host": "other", "resource": {}},
+        {"kind": "identity", "t": NOW - 300 * S, "label": label, "role": role, "attrs": {}},
+    ]
+    (run / "journal" / f"other-{pid}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*opening, *later]))
+
+
 def watch(run: Path) -> list[str]:
     out = io.StringIO()
     Watchdog(run, TH, out=out, py_spy=False).step(NOW)
@@ -184,24 +193,20 @@ def test_failed_at_the_post_load_barrier(tmp_path: Path) -> None:
 def test_sigkill_in_weight_loading_hints_at_the_oom_killer_and_its_consequence_gets_none(tmp_path: Path) -> None:
     Rank(tmp_path, 0).enter("model_runner.init", "model.load_weights", "model.loader", ago=60).write(beat_ago=7)
     Rank(tmp_path, 1).enter("model_runner.init", "model.load_weights", ago=60).fail(5, BARRIER_FAILURE).write()
-    launcher = tmp_path / "journal" / "other-99.jsonl"
-    launcher.write_text(
-        "".join(
-            json.dumps(r) + "\n"
-            for r in [
-                {"kind": "process", "t": NOW - 300 * S, "pid": 99, "host": "other", "resource": {}},
-                {"kind": "identity", "t": NOW - 300 * S, "label": "launcher", "role": "launcher", "attrs": {}},
-                {
-                    "kind": "exit",
-                    "t": NOW - 6 * S,
-                    "pid": 100,
-                    "host": "other",
-                    "label": "tp0",
-                    "code": None,
-                    "signal": "SIGKILL",
-                },
-            ]
-        )
+    process_journal(
+        tmp_path,
+        99,
+        "launcher",
+        "launcher",
+        {
+            "kind": "exit",
+            "t": NOW - 6 * S,
+            "pid": 100,
+            "host": "other",
+            "label": "tp0",
+            "code": None,
+            "signal": "SIGKILL",
+        },
     )
     lines = watch(tmp_path)
     assert lines[0].startswith("sglang-phasetrace: DIED rank tp0") and "SIGKILL" in lines[0]
@@ -216,40 +221,23 @@ def test_a_rank_killed_in_sglangs_teardown_follows_the_failure_that_set_it_off(t
     tp0: its launcher saw it running as the teardown began, so the failure is the root cause."""
     Rank(tmp_path, 0).enter("eagle.set_embed_and_head", ago=30).write(beat_ago=2)
     Rank(tmp_path, 1).enter("eagle.draft_attention_init", ago=1.2).fail(1, "EAGLE is not supported").write(beat_ago=3)
-    (tmp_path / "journal" / "other-99.jsonl").write_text(
-        "".join(
-            json.dumps(r) + "\n"
-            for r in [
-                {"kind": "process", "t": NOW - 300 * S, "pid": 99, "host": "other", "resource": {}},
-                {"kind": "identity", "t": NOW - 300 * S, "label": "launcher", "role": "launcher", "attrs": {}},
-                {
-                    "kind": "begin",
-                    "t": NOW - int(0.9 * S),
-                    "span": "9" * 16,
-                    "parent": None,
-                    "trace": "a" * 32,
-                    "name": "launch.teardown",
-                    "attrs": {"sglang.phase": "launch.teardown", "phasetrace.alive_pids": [100, 101]},
-                },
-                {"kind": "exit", "t": NOW - S // 2, "pid": 100, "host": "other", "label": "tp0", "signal": "SIGKILL"},
-            ]
-        )
-    )
+    teardown = {
+        "kind": "begin",
+        "t": NOW - int(0.9 * S),
+        "span": "9" * 16,
+        "parent": None,
+        "trace": "a" * 32,
+        "name": "launch.teardown",
+        "attrs": {"sglang.phase": "launch.teardown", "phasetrace.alive_pids": [100, 101]},
+    }
+    killed = {"kind": "exit", "t": NOW - S // 2, "pid": 100, "host": "other", "label": "tp0", "signal": "SIGKILL"}
+    process_journal(tmp_path, 99, "launcher", "launcher", teardown, killed)
     lines = [line for line in watch(tmp_path) if "HINT" not in line]
     assert lines[0].startswith("sglang-phasetrace: FAILED rank tp1"), lines
     assert lines[1].startswith("sglang-phasetrace: DIED rank tp0") and "a consequence of tp1's failure" in lines[1]
     # a watcher recorded tp0's death after 30 s in its phase: the death is still not older than the failure
     died = records.diagnosis(NOW - S // 3, "died", "tp0", 100, "eagle.set_embed_and_head", 30.0, "gone", {}, [])
-    (tmp_path / "journal" / "other-98.jsonl").write_text(
-        "".join(
-            json.dumps(r) + "\n"
-            for r in [
-                {"kind": "process", "t": NOW - 300 * S, "pid": 98, "host": "other", "resource": {}},
-                {"kind": "identity", "t": NOW - 300 * S, "label": "phasetrace-run", "role": "watchdog", "attrs": {}},
-                died,
-            ]
-        )
-    )
+    process_journal(tmp_path, 98, "phasetrace-run", "watchdog", died)
     assert [f.label for f in alarms(findings(RunView(tmp_path).refresh(), NOW))] == ["tp1", "tp0"]
 
 
