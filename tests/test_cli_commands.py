@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from cli_fixtures import FAIL_MESSAGE, PEER_WAIT_PHASE, STALL_PHASE, SyntheticRun, build_run
 from conftest import requires_sglang
-from sglang_phasetrace.tracing import rundir
+from sglang_phasetrace.tracing import diagnose, postmortem, rundir
 from sglang_phasetrace.tracing.cli import findings as findings_module
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.diagnose import Finding
@@ -228,6 +228,61 @@ def test_a_large_run_read_on_two_cores_is_the_same_run(
     monkeypatch.setattr(rundir, "_pack", broken)  # runs in the child: it exits 1, the parent reads all
     again = rundir.load_run(path, parallel=True)
     assert again.problems == serial.problems and _state(again) == _state(serial)
+
+
+def _what_verdicts_read(run: rundir.RunView, phases: set[str]) -> list:
+    """Per rank, every answer the verdicts take from its spans (``diagnose``, ``postmortem``,
+    ``hints``, ``cli.findings``): where it is or was between phases, how often each phase ended and
+    when last, its latest span of each phase with its ancestors, where it was at its end, progress."""
+    out = []
+    for proc in run.ranks:
+        now = proc.last_t + 60 * 10**9
+        latest = {}
+        for span in proc.spans.values():
+            latest[span.phase] = span
+        chains = {}
+        for phase, span in latest.items():
+            chain: list[tuple] = []
+            while span is not None and len(chain) < 64:  # a hand-made journal's span may be its own parent
+                chain.append((span.span_id, span.phase, span.status, span.end))
+                span = proc.spans.get(span.parent_id) if span.parent_id else None
+            chains[phase] = chain
+        out.append(
+            (
+                proc.label,
+                diagnose._where(proc, now),
+                {phase: proc.ended(phase) for phase in sorted(phases)},
+                chains,
+                [postmortem._innermost_at(proc, t) for t in (proc.last_t, proc.last_t + 10**9)],
+                diagnose.progress_estimate(proc, proc.heartbeats, now),
+                postmortem._error_phase(proc),
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("name", ["ok", "stalled", "failed"])
+def test_a_shallow_two_core_read_gives_the_verdicts_a_whole_read_gives(
+    runs: dict[str, SyntheticRun], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``status`` reads a large run shallow (the child sends back only what is drawn): what every
+    verdict reads of a rank's spans is still there, so status says what the watchdog says."""
+    if threading.active_count() > 1:
+        pytest.skip("another thread runs in this test process: the read is never forked then")
+    path = runs[name].path
+    serial = rundir.load_run(path)
+    phases = {s.phase for p in serial.processes for s in p.spans.values()}
+    monkeypatch.setattr(rundir._Child, "MIN_BYTES", 0)
+    monkeypatch.setattr(rundir._Child, "SHALLOW_SHARE", 0.75)
+    for depth in (0, 1):
+        shallow = rundir.load_run(path, parallel=True, shallow=depth)
+        sent = sum(len(p.spans) for p in shallow.processes)
+        assert sent < sum(len(p.spans) for p in serial.processes)  # some were left out
+        assert _what_verdicts_read(shallow, phases) == _what_verdicts_read(serial, phases)
+        end = max(p.last_t for p in serial.processes)
+        for now in (end, end + 120 * 10**9):
+            said = [(f.kind, f.label, f.phase, f.message) for f in findings_module.findings(shallow, now)]
+            assert said == [(f.kind, f.label, f.phase, f.message) for f in findings_module.findings(serial, now)]
 
 
 def test_a_secret_in_a_phase_key_is_redacted_by_every_verb_that_shows_keys(

@@ -11,10 +11,11 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
-from sglang_phasetrace.tracing import diagnose
+from sglang_phasetrace.tracing import diagnose, rundir
 from sglang_phasetrace.tracing.diagnose import Thresholds, analyze, this_host
 from sglang_phasetrace.tracing.keys import ENV_ABORT_AFTER
 from sglang_phasetrace.tracing.rundir import RunView
@@ -155,6 +156,30 @@ def test_phase_all_peers_left(tmp_path: Path) -> None:
     [f] = findings(tmp_path, r0, r1, r2)
     assert (f.kind, f.label, f.phase) == ("straggler", "tp2", "model.load_weights")
     assert "peers left it" in f.message
+
+
+def test_peers_read_shallow_by_a_forked_child_still_left_the_straggler_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``status`` has a forked child read a large run's last journals shallow: the phases its ranks
+    ended and left are still counted, so status names the straggler as the watchdog does."""
+    if threading.active_count() > 1:
+        pytest.skip("another thread runs in this test process: the read is never forked then")
+    r0 = Rank(tmp_path, 0).phase("model.load_weights", 100, 90).phase("model.load_weights", 89, 80)
+    r1 = Rank(tmp_path, 1).phase("model.load_weights", 100, 91).phase("model.load_weights", 89, 81)
+    r2 = Rank(tmp_path, 2).phase("model.load_weights", 100, 95).phase("model.load_weights", 89)
+    for rank in (r0, r1, r2):
+        rank.phase("kv_cache.alloc", 79, 78) if rank is not r2 else None
+        rank.heartbeat(1).write()
+    whole = analyze(RunView(tmp_path).refresh(final=True), NOW, TH)
+    monkeypatch.setattr(rundir._Child, "MIN_BYTES", 0)
+    monkeypatch.setattr(rundir._Child, "SHALLOW_SHARE", 0.7)  # the child reads tp1's and tp2's journals
+    shallow = RunView(tmp_path).refresh(final=True, parallel=True, shallow=0)
+    assert sum(n for p in shallow.processes for n, _ in p.dropped.values()) > 0  # some spans were left out
+    assert [(f.kind, f.label, f.message) for f in analyze(shallow, NOW, TH)] == [
+        (f.kind, f.label, f.message) for f in whole
+    ]
+    assert [(f.kind, f.label) for f in whole] == [("straggler", "tp2")] and "peers left it" in whole[0].message
 
 
 def test_a_rank_that_waited_for_its_peers_in_a_phase_is_not_left_behind_as_they_leave(tmp_path: Path) -> None:

@@ -528,12 +528,12 @@ def _peers_left(s: ProcessRec, ranks: list[ProcessRec], before: int) -> list[Pro
     phase = s.current.phase if s.current else None
     if phase is None:
         return []
-    mine = sum(1 for span in s.spans.values() if span.phase == phase)
+    mine = sum(1 for span in s.open_spans if span.phase == phase) + s.ended(phase)[0]  # >= 1: it is in it
     peers = [p for p in ranks if p is not s]
     left = []
     for p in peers:
-        ends = [span.end for span in p.spans.values() if span.phase == phase and span.end is not None]
-        if len(ends) >= mine and max(ends) <= before and not any(span.phase == phase for span in p.open_spans):
+        ended, last = p.ended(phase)
+        if ended >= mine and last <= before and not any(span.phase == phase for span in p.open_spans):
             left.append(p)
     return left if peers and len(left) == len(peers) else []
 

@@ -66,6 +66,8 @@ class ProcessRec:
     told: list[dict[str, Any]] = field(default_factory=list)  # ``exit`` records about others
     launch: dict[str, Any] | None = None  # the ``launch`` record a node's launcher wrote (multi-node)
     remote: str | None = None  # set for a process another node reported (``tracing.crossnode``)
+    # phase -> [how many, latest end] of the spans that ended well and a shallow read left out (``_shallow``)
+    dropped: dict[str, list[int]] = field(default_factory=dict)
 
     HEARTBEATS_KEPT = 8
     OPS_KEPT = 256
@@ -125,6 +127,12 @@ class ProcessRec:
         if len(ops) > self.OPS_KEPT:
             del ops[min(ops)]
         self.coll_open[(group, seq)] = {"op": op, "group": group, "seq": seq, "t": t}
+
+    def ended(self, phase: str) -> tuple[int, int | None]:
+        """How many spans of ``phase`` ended, and the latest end: those a shallow read left out included."""
+        ends = [s.end for s in self.spans.values() if s.end is not None and s.phase == phase]
+        n, last = self.dropped.get(phase, (0, 0))
+        return len(ends) + n, max([*ends, last]) if ends or n else None
 
     @property
     def waiting_in(self) -> dict[str, Any] | None:
@@ -477,7 +485,7 @@ def _pack(path: Path, final: bool, shallow: int | None = None) -> tuple:
     the parent, straight into ``SpanRec``s), the rest as ``marshal`` data."""
     tail, proc = JournalTail(path), ProcessRec(path)
     _apply_all(tail, proc, tail.read_bulk(final=final))
-    spans = list(proc.spans.values()) if shallow is None else _shallow(proc.spans, shallow)
+    spans = list(proc.spans.values()) if shallow is None else _shallow(proc, shallow)
     return (
         [getattr(tail, name) for name in _TAIL_FIELDS],
         [getattr(proc, name) for name in _PROC_FIELDS],
@@ -485,19 +493,54 @@ def _pack(path: Path, final: bool, shallow: int | None = None) -> tuple:
     )
 
 
-def _shallow(spans: dict[str, SpanRec], depth: int) -> list[SpanRec]:
-    """The spans down to ``depth``, every open or failed one, and their ancestors (so depths read
-    from the spans sent are the same), in their order."""
+def _shallow(proc: ProcessRec, depth: int) -> list[SpanRec]:
+    """The spans a reader drawing down to ``depth`` needs, and every span a verdict reads
+    (``diagnose``, ``postmortem``, ``hints``, ``cli.findings``), in their order, with their ancestors
+    (so depths read from the spans sent are the same): those down to ``depth``; the open or failed
+    ones; graph-capture steps that ended under an open one (the progress estimate); each phase's latest
+    (whether a recorded verdict still holds); the latest to end, and any ending at the process's
+    last record (where it was when it ended). Of the rest, which all ended well, ``proc.dropped``
+    keeps how many there were per phase and the latest end (whether its peers left a rank behind).
+    A process that is not a rank (a launcher: a few spans) is sent whole."""
+    spans = proc.spans
+    if proc.role != "rank":
+        return list(spans.values())
     levels: dict[str, int] = {}
-    keep: set[str] = set()
+    latest: dict[str, str] = {}  # phase -> its latest span
+    last = min(proc.last_t, max((s.end for s in spans.values() if s.end is not None), default=proc.last_t))
+    wanted: list[str] = []
+    phase_of = keys.PHASE
     for sid, span in spans.items():
-        up = levels.get(span.parent_id) if span.parent_id else None
+        parent_id = span.parent_id
+        up = levels.get(parent_id) if parent_id else None
         levels[sid] = level = up + 1 if up is not None else 0
-        if level <= depth or span.end is None or span.status != "ok":
-            while sid is not None and sid not in keep:  # with its ancestors in this process
-                keep.add(sid)
-                sid = spans[sid].parent_id if sid in spans else None
-    return [span for sid, span in spans.items() if sid in keep]
+        attrs, end = span.attrs, span.end
+        latest[attrs.get(phase_of, span.name)] = sid
+        if (
+            level <= depth
+            or end is None
+            or end >= last
+            or span.status != "ok"
+            or (keys.SHAPE_INDEX in attrs and (parent := spans.get(parent_id or "")) is not None and parent.end is None)
+        ):
+            wanted.append(sid)
+    keep: set[str] = set()
+    for sid in (*wanted, *latest.values()):
+        while sid is not None and sid not in keep:  # with its ancestors in this process
+            keep.add(sid)
+            sid = spans[sid].parent_id if sid in spans else None
+    dropped: dict[str, list[int]] = {}
+    sent = []
+    for sid, span in spans.items():
+        if sid in keep:
+            sent.append(span)
+        else:
+            got = dropped.setdefault(span.attrs.get(phase_of, span.name), [0, 0])
+            got[0] += 1
+            if span.end > got[1]:
+                got[1] = span.end
+    proc.dropped = dropped
+    return sent
 
 
 def _unpack(path: Path, item: tuple) -> tuple[JournalTail, ProcessRec]:
