@@ -47,8 +47,8 @@ def rank_template(journal: Path, copies: int) -> tuple[int, str]:
     begins = [r for r in records if r["kind"] == "begin"]
     root = next(r["span"] for r in begins if (r.get("attrs") or {}).get("sglang.phase") == "rank")
 
-    def new_id(span: str | None, copy: int) -> str | None:
-        return span if span in (None, root) else f"{ID_MARK}{copy:x}{span[5:]}"
+    def new_id(span: str | None, copy: int) -> str | None:  # unique per rank, as the OS draws them
+        return span if span is None else f"{ID_MARK}f{span[5:]}" if span == root else f"{ID_MARK}{copy:x}{span[5:]}"
 
     out = []
     for r in records:
@@ -60,6 +60,8 @@ def rank_template(journal: Path, copies: int) -> tuple[int, str]:
                 out.append(c)
             continue
         if r["kind"] == "collective" and r.get("span"):
+            r = dict(r, span=new_id(r["span"], 0))
+        elif r["kind"] in ("begin", "end", "event"):  # the root
             r = dict(r, span=new_id(r["span"], 0))
         out.append(r)
     text = "\n".join(json.dumps(r, separators=(",", ":"), ensure_ascii=False) for r in out) + "\n"
@@ -141,7 +143,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source", type=Path, help="a real traced run directory (tp >= 1)")
     parser.add_argument("--ranks", type=int, default=1024)
-    parser.add_argument("--copies", type=int, default=10, help="times each span below the rank root appears")
+    parser.add_argument("--copies", type=int, default=10, help="times each span below the rank root appears (< 15)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per verb; the best is shown")
     parser.add_argument("--keep", type=Path, help="build the clone here and keep it (for profiling)")
     parser.add_argument("--verbs", nargs="+", choices=list(VERBS), default=list(VERBS))

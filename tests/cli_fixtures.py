@@ -175,8 +175,8 @@ def build_run(
     t0 = end_ns - duration
     launcher = _Journal(path / "journal" / f"{HOST}-{LAUNCHER_PID}.jsonl")
     _process(launcher, t0, LAUNCHER_PID, "launcher", "launcher", run_id, {})
-    root = launcher.span_id(0)
-    wait = launcher.span_id(0)
+    root = launcher.span_id(1 << 40)  # unlike any rank's (``same_ids``: theirs repeat)
+    wait = launcher.span_id(1 << 40)
     launcher.write(
         records.begin(
             t0,

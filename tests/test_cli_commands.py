@@ -14,14 +14,17 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_fixtures import FAIL_MESSAGE, PEER_WAIT_PHASE, STALL_PHASE, SyntheticRun, build_run
 from conftest import requires_sglang
 from sglang_phasetrace.tracing import diagnose, postmortem, rundir
+from sglang_phasetrace.tracing.cli import command as command_module
 from sglang_phasetrace.tracing.cli import findings as findings_module
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.diagnose import Finding
+from sglang_phasetrace.tracing.render import lanes as lanes_module
 from sglang_phasetrace.tracing.render.lanes import Layout, layout
 
 VERBS = ("run", "status", "timeline", "compare", "report", "export", "doctor", "bundle", "env", "preflight")
@@ -283,6 +286,57 @@ def test_a_shallow_two_core_read_gives_the_verdicts_a_whole_read_gives(
         for now in (end, end + 120 * 10**9):
             said = [(f.kind, f.label, f.phase, f.message) for f in findings_module.findings(shallow, now)]
             assert said == [(f.kind, f.label, f.phase, f.message) for f in findings_module.findings(serial, now)]
+
+
+def _outputs(capsys: pytest.CaptureFixture[str], path: Path, out: Path) -> list:
+    """What compare, export (Jaeger) and report write for the run at ``path``."""
+    code, compared, _ = run_cli(capsys, "compare", str(path), "--json")
+    assert code == 0
+    assert run_cli(capsys, "export", str(path), "--format", "jaeger", "-o", str(out / "jaeger.json"))[0] == 0
+    assert run_cli(capsys, "report", str(path), "-o", str(out / "r.html"))[0] == 0
+    return [compared, (out / "jaeger.json").read_bytes(), (out / "r.html").read_bytes()]
+
+
+@pytest.mark.parametrize("how", ["split", "child fails", "child dies", "ids repeat"])
+def test_a_split_run_renders_the_same_as_one_read_in_one_process(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """compare, export and report have a forked child lay out and render the lanes of the journals
+    it read (it sends back only what verdicts read): the same bytes as one process makes, also when
+    the child fails or dies midway, or when span ids repeat across ranks (then it sends all)."""
+    if threading.active_count() > 1:
+        pytest.skip("another thread runs in this test process: the read is never forked then")
+    run = build_run(tmp_path / "run", ranks=6, spans=60, stalled_rank=4, same_ids=how == "ids repeat")
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    alone = _outputs(capsys, run.path, tmp_path / "one")
+    monkeypatch.setattr(rundir._Child, "MIN_BYTES", 0)
+    monkeypatch.setattr(rundir._Child, "SPLIT_SHARE", 0.6)
+    splits: list[rundir.RunView] = []
+    load = rundir.load_run
+
+    def spy(*args: Any, **kwargs: Any) -> rundir.RunView:
+        view = load(*args, **kwargs)
+        splits.append(view)
+        return view
+
+    monkeypatch.setattr(command_module, "load_run", spy)
+    if how == "child fails":
+        monkeypatch.setattr(lanes_module, "_part_job", _fails)  # in the child: it answers with an error
+    if how == "child dies":
+        monkeypatch.setattr(lanes_module, "_part_prepare", _dies)
+    assert _outputs(capsys, run.path, tmp_path / "two") == alone
+    assert [view.split is None for view in splits] == [how == "ids repeat"] * 3
+    if how in ("child fails", "child dies"):
+        assert all(view.split.lost for view in splits)
+
+
+def _fails(procs: Any, arg: Any) -> None:
+    raise RuntimeError("the child fails")
+
+
+def _dies(procs: Any, arg: Any) -> None:
+    os._exit(1)
 
 
 def test_a_secret_in_a_phase_key_is_redacted_by_every_verb_that_shows_keys(

@@ -17,10 +17,13 @@ reaches ``ProcessRec.apply`` passed ``records.validate``, so it can rely on the 
 
 from __future__ import annotations
 
+import importlib
 import marshal
 import os
 import sys
 import threading
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from pathlib import Path
@@ -215,29 +218,47 @@ class RunView:
         self._status_problems: dict[Path, str] = {}  # status file -> the problem said about it
         self._told: list[tuple[ProcessRec, dict[str, Any]]] = []  # (teller, ``exit`` record)
         self.remote: dict[str, list[ProcessRec]] = {}  # source (e.g. ``node-1``) -> processes it reported
+        self.split: Split | None = None  # a forked child holds some processes whole (``refresh(split=True)``)
 
     @property
     def run_id(self) -> str:
         """The directory's name; ``a+b`` for several (one per node)."""
         return "+".join(dict.fromkeys(p.name for p in self.paths))
 
-    def refresh(self, final: bool = False, parallel: bool = False, shallow: int | None = None) -> RunView:
+    def refresh(
+        self, final: bool = False, parallel: bool = False, shallow: int | None = None, split: bool = False
+    ) -> RunView:
         """Read what was appended. ``parallel``: a first read of a large run is shared with a forked
         child (``_Child``): the CLI's one-shot read, never a live watcher's thread. ``shallow``: the
         reader draws spans down to that depth only (``status``, ``timeline``): the child leaves out the deeper
-        ones that ended well (they are not needed, and are most of what it would send back)."""
+        ones that ended well (they are not needed, and are most of what it would send back).
+        ``split`` (with ``parallel``): the child keeps whole what it read and sends back what every
+        verdict reads (a ``shallow`` read), and lays out and renders its processes' lanes on request
+        (``self.split``, ``render.lanes.lanes_map``): a verb that renders every span of a large run."""
         journals = [
             path
             for run_path in self.paths
             if (journal_dir := run_path / JOURNAL_DIR).is_dir()
             for path in sorted(journal_dir.glob("*.jsonl"))
         ]
-        child = _Child.start(journals, final, shallow) if parallel and not self._tails else None
+        if not (parallel and not self._tails):
+            child = None
+        elif split:
+            child = _Child.start(journals, final, 0, serve=True)
+        else:
+            child = _Child.start(journals, final, shallow)
         try:
             for path in journals[: child.first] if child is not None else journals:
                 self._read(path, final)
             if child is not None:
                 got = child.collect()
+                if got is not None and child.serving and not _split_ok(self._tails, got, child.extras):
+                    got = _whole_from(child, got)  # a span id twice, or a reference into what it left out
+                    child.serving = False
+                if got is None or not child.serving:
+                    child.abandon()
+                else:
+                    self.split = Split(self, child)
                 child = None
                 for path, (tail, proc) in (got or {}).items():
                     self._tails[path] = (tail, proc)
@@ -376,14 +397,16 @@ def _apply_all(tail: JournalTail, proc: ProcessRec, chunk: tuple[dict[str, list[
 _SPAN_ID, _START, _T = attrgetter("span_id"), attrgetter("start"), attrgetter("t")
 
 
-def load_run(path: Path | str, *more: Path | str, parallel: bool = False, shallow: int | None = None) -> RunView:
+def load_run(
+    path: Path | str, *more: Path | str, parallel: bool = False, shallow: int | None = None, split: bool = False
+) -> RunView:
     """Everything in a finished (or abandoned) run directory, or in several as one launch (one
-    directory per node). ``parallel``, ``shallow``: see ``RunView.refresh`` (the CLI's verbs)."""
+    directory per node). ``parallel``, ``shallow``, ``split``: see ``RunView.refresh`` (the CLI's verbs)."""
     paths = [Path(p) for p in (path, *more)]
     for p in paths:
         if not (p / JOURNAL_DIR).is_dir():
             raise FileNotFoundError(f"{p}: not a phasetrace run directory (no {JOURNAL_DIR}/ inside)")
-    return RunView(*paths).refresh(final=True, parallel=parallel, shallow=shallow)
+    return RunView(*paths).refresh(final=True, parallel=parallel, shallow=shallow, split=split)
 
 
 # -- reading a large run on two cores -------------------------------------------------------------
@@ -395,22 +418,30 @@ _TAIL_FIELDS = ("offset", "lines", "problems", "unknown_kinds", "_unreadable")
 class _Child:
     """A forked child that reads the last part of a run's journals (``SHARE`` of the bytes) while
     the parent reads the rest, and sends back each journal's state (``ProcessRec``, the reader's
-    position and problems) over a pipe (``_pack``): unpacking it costs the parent a fifth of
-    reading it (1024 ranks, 178 MB: ≈ 2.5 s read in one process, ≈ 2.1 s on two cores; a
-    ``shallow`` read ≈ 1.6 s). Used only
-    where it pays and is safe: a run of ``MIN_BYTES`` or more, two usable cores, Linux
-    (``os.fork``), and no other thread in the process. Anything wrong (the child failed, died, sent
-    what cannot be unpacked) and the parent reads those journals itself."""
+    position and problems) over a pipe (``_pack``). Used only where it pays and is safe: a run of
+    ``MIN_BYTES`` or more, two usable cores, Linux (``os.fork``), and no other thread in the
+    process. Anything wrong (the child failed, died, sent what cannot be unpacked) and the parent
+    reads those journals itself.
+
+    ``serve``: the child sends back a shallow state (what verdicts read), keeps the whole one, and
+    then runs what the parent asks of its processes (``call``: a function named by module and name,
+    ``fn(processes by path, arg)``) until the parent closes the pipe."""
 
     MIN_BYTES = 32 << 20
     SHARE = 0.45  # of the bytes: the parent also unpacks what the child read
     SHALLOW_SHARE = 0.5  # a ``shallow`` read: little is sent back
+    PIPE_BYTES = 1 << 20
+    SPLIT_SHARE = 0.45  # ``serve``: each lays out and renders what it read; the child also packs a shallow state
 
-    def __init__(self, pid: int, fd: int, first: int, journals: list[Path]) -> None:
-        self.pid, self.fd, self.first, self.journals = pid, fd, first, journals
+    def __init__(self, pid: int, fd: int, first: int, journals: list[Path], cmd: int = -1) -> None:
+        self.pid, self.first, self.journals = pid, first, journals
+        self.pipe = os.fdopen(fd, "rb")
+        self.cmd = os.fdopen(cmd, "wb") if cmd >= 0 else None
+        self.serving = cmd >= 0
+        self.extras: dict[Path, tuple] = {}  # ``serve``: path -> (span ids, earliest start, latest time)
 
     @classmethod
-    def start(cls, journals: list[Path], final: bool, shallow: int | None = None) -> _Child | None:
+    def start(cls, journals: list[Path], final: bool, shallow: int | None = None, serve: bool = False) -> _Child | None:
         if not sys.platform.startswith("linux") or threading.active_count() > 1 or _cores() < 2:
             return None
         sizes = []
@@ -423,54 +454,232 @@ class _Child:
         if total < cls.MIN_BYTES:
             return None
         first, done = len(journals), 0
-        share = cls.SHARE if shallow is None else cls.SHALLOW_SHARE
+        share = cls.SPLIT_SHARE if serve else cls.SHARE if shallow is None else cls.SHALLOW_SHARE
         while first > 1 and done + sizes[first - 1] <= total * share:
             first -= 1
             done += sizes[first]
         if first == len(journals):
             return None
         r, w = os.pipe()
+        cmd_r, cmd_w = os.pipe() if serve else (-1, -1)
+        _widen(w)
         try:
             pid = os.fork()
         except OSError:
-            os.close(r)
-            os.close(w)
+            for fd in (r, w, cmd_r, cmd_w):
+                if fd >= 0:
+                    os.close(fd)
             return None
-        if pid == 0:  # the child: read, send, exit without running anything of the parent's
+        if pid == 0:  # the child: read, send, (serve,) exit without running anything of the parent's
             code = 1
             try:
                 os.close(r)
-                data = marshal.dumps([_pack(path, final, shallow) for path in journals[first:]])
+                if serve:
+                    os.close(cmd_w)
+                mine = journals[first:]
+                read = [_read_whole(path, final) for path in mine]
                 with os.fdopen(w, "wb") as out:
-                    out.write(data)
+                    _send(out, [_pack(tail, proc, shallow, serve) for tail, proc in read])
+                    if serve:
+                        with os.fdopen(cmd_r, "rb") as cmd:
+                            _serve(cmd, out, {str(path): proc for path, (_, proc) in zip(mine, read, strict=True)})
                 code = 0
             finally:
                 os._exit(code)
         os.close(w)
-        return cls(pid, r, first, journals[first:])
+        if serve:
+            os.close(cmd_r)
+        return cls(pid, r, first, journals[first:], cmd_w)
 
     def collect(self) -> dict[Path, tuple[JournalTail, ProcessRec]] | None:
         """The child's journals, or None when it failed."""
         try:
-            with os.fdopen(self.fd, "rb") as pipe:
-                data = pipe.read()
-            _, status = os.waitpid(self.pid, 0)
-            if status != 0:
-                return None
-            packed = marshal.loads(data)
-            return {path: _unpack(path, item) for path, item in zip(self.journals, packed, strict=True)}
+            packed = _recv(self.pipe)
+            if not self.serving:
+                self.pipe.close()
+                _, status = os.waitpid(self.pid, 0)
+                if status != 0:
+                    return None
+            got = {}
+            for path, item in zip(self.journals, packed, strict=True):
+                got[path] = _unpack(path, item[:3])
+                if self.serving:
+                    self.extras[path] = item[3]
+            return got
         except (OSError, ValueError, EOFError, TypeError):
             return None
 
-    def abandon(self) -> None:
+    def call(self, fn: Callable[[dict[str, ProcessRec], Any], Any], arg: Any) -> None:
+        """Ask the child for ``fn(its processes, arg)`` (``reply`` takes the answer); ``arg`` and
+        the answer are ``marshal`` data."""
+        assert self.cmd is not None
+        _send(self.cmd, (fn.__module__, fn.__qualname__, arg))
+
+    def reply(self) -> Any:
+        """The answer to the last ``call``; ``ChildLost`` when there is none (it failed or died)."""
         try:
-            os.close(self.fd)  # its write fails: it exits
-        except OSError:
-            pass
+            status, value = _recv(self.pipe)
+        except (OSError, ValueError, EOFError, TypeError) as exc:
+            raise ChildLost(f"no answer ({exc!r})") from None
+        if status != "ok":
+            raise ChildLost(value)
+        return value
+
+    def abandon(self) -> None:
+        for f in (self.cmd, self.pipe):  # closing its pipes ends it: its write or read fails
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
         try:
             os.waitpid(self.pid, 0)
         except OSError:
             pass
+
+
+class ChildLost(Exception):
+    """The child of a ``split`` read failed or died: its processes are read again here (``Split.whole``)."""
+
+
+class Split:
+    """Processes a forked child read and holds whole, while this view holds them shallow (the spans
+    every verdict reads, ``_shallow``): a renderer asks the child to lay out and render their lanes
+    (``render.lanes.lanes_map``), and only if the child is lost reads them again here (``whole``)."""
+
+    def __init__(self, view: RunView, child: _Child) -> None:
+        self.view, self.child = weakref.proxy(view), child  # the view holds this: no cycle
+        self.paths = set(child.journals)
+        # path -> (earliest start, latest end or start) of all its spans (``layout``: the run's bounds)
+        self.bounds = {path: (lo, hi) for path, (_, lo, hi) in child.extras.items() if lo is not None}
+        self.lost = False
+        self._whole: dict[str, ProcessRec] | None = None
+        weakref.finalize(self, child.abandon)  # the view is dropped: the child ends (the CLI exits before)
+
+    def call(self, fn: Callable[[dict[str, ProcessRec], Any], Any], arg: Any) -> bool:
+        """Ask the child for ``fn(its processes, arg)`` (``reply``); False when it is lost."""
+        if not self.lost:
+            try:
+                self.child.call(fn, arg)
+                return True
+            except (OSError, ValueError):  # it died: a closed pipe; an argument marshal refuses
+                self.lost = True
+        return False
+
+    def reply(self) -> Any:
+        try:
+            return self.child.reply()
+        except ChildLost:
+            self.lost = True
+            raise
+
+    def whole(self) -> dict[str, ProcessRec]:
+        """The child's processes, read whole in this process (the child is ended): the view then
+        holds them whole too."""
+        if self._whole is not None:
+            return self._whole
+        self.child.abandon()
+        self.lost = True
+        view = self.view
+        old = {id(view._tails[path][1]) for path in self.paths if path in view._tails}
+        view._told = [(teller, r) for teller, r in view._told if id(teller) not in old]
+        for path in self.paths:
+            view._tails.pop(path, None)
+            view._read(path, final=True)
+        view._place_told()
+        self._whole = {str(path): view._tails[path][1] for path in self.paths}
+        return self._whole
+
+
+def _send(out: Any, obj: Any) -> None:
+    data = marshal.dumps(obj)
+    out.write(len(data).to_bytes(8, "little"))
+    out.write(data)
+    out.flush()
+
+
+def _recv(pipe: Any) -> Any:
+    head = pipe.read(8)
+    if len(head) < 8:
+        raise EOFError("the pipe closed")
+    size = int.from_bytes(head, "little")
+    data = pipe.read(size)
+    if len(data) < size:
+        raise EOFError("the pipe closed")
+    return marshal.loads(data)
+
+
+def _serve(cmd: Any, out: Any, procs: dict[str, ProcessRec]) -> None:
+    """The child's loop (``_Child.call``): until the parent closes the pipe."""
+    while True:
+        try:
+            module, name, arg = _recv(cmd)
+        except EOFError:
+            return
+        try:
+            fn = importlib.import_module(module)
+            for part in name.split("."):
+                fn = getattr(fn, part)
+            data = marshal.dumps(("ok", fn(procs, arg)))
+        except Exception as exc:  # the parent does it itself
+            data = marshal.dumps(("error", repr(exc)))
+        out.write(len(data).to_bytes(8, "little"))
+        out.write(data)
+        out.flush()
+
+
+def _whole_from(
+    child: _Child, got: dict[Path, tuple[JournalTail, ProcessRec]]
+) -> dict[Path, tuple[JournalTail, ProcessRec]] | None:
+    """``got`` (a shallow state) made whole with every span the child holds; None if it fails."""
+    try:
+        child.call(_all_spans, [str(path) for path in got])
+        packed = child.reply()
+        for (_, proc), spans in zip(got.values(), packed, strict=True):
+            decoded = _SPANS.decode(spans)
+            proc.spans, proc.dropped = dict(zip(map(_SPAN_ID, decoded), decoded, strict=True)), {}
+    except (ChildLost, ValueError, TypeError, msgspec.DecodeError):
+        return None
+    return got
+
+
+def _all_spans(procs: dict[str, ProcessRec], paths: list[str]) -> list[bytes]:
+    """In the child (``_Child.call``): every span of each process, as ``_pack`` sends them."""
+    return [msgspec.msgpack.encode(list(procs[path].spans.values())) for path in paths]
+
+
+def _split_ok(
+    tails: dict[Path, tuple[JournalTail, ProcessRec]],
+    got: dict[Path, tuple[JournalTail, ProcessRec]],
+    extras: dict[Path, tuple],
+) -> bool:
+    """Each half can lay out its lanes alone: no span id is empty or used twice in the run (a
+    layout would make new ones, in process order), and no span the parent read has its parent
+    among those the child left out."""
+    theirs = [sid for ids, _, _ in extras.values() for sid in ids]
+    mine = [sid for _, proc in tails.values() for sid in proc.spans]
+    their_set, my_set = set(theirs), set(mine)
+    if len(their_set) != len(theirs) or len(my_set) != len(mine) or "" in their_set or "" in my_set:
+        return False
+    if not their_set.isdisjoint(my_set):
+        return False
+    sent = {sid for _, proc in got.values() for sid in proc.spans}
+    for _, proc in tails.values():
+        for span in proc.spans.values():
+            up = span.parent_id
+            if up and up not in proc.spans and up in their_set and up not in sent:
+                return False
+    return True
+
+
+def _widen(fd: int) -> None:
+    """A pipe that holds up to ``PIPE_BYTES`` (Linux): a large answer is not sent 64 KiB per wake-up."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), _Child.PIPE_BYTES)
+    except OSError:  # above /proc/sys/fs/pipe-max-size for this user: the default then
+        pass
 
 
 def _cores() -> int:
@@ -480,17 +689,28 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _pack(path: Path, final: bool, shallow: int | None = None) -> tuple:
-    """One journal's state, as ``_unpack`` takes it back: the spans as msgpack (decoded in C by
-    the parent, straight into ``SpanRec``s), the rest as ``marshal`` data."""
+def _read_whole(path: Path, final: bool) -> tuple[JournalTail, ProcessRec]:
     tail, proc = JournalTail(path), ProcessRec(path)
     _apply_all(tail, proc, tail.read_bulk(final=final))
+    return tail, proc
+
+
+def _pack(tail: JournalTail, proc: ProcessRec, shallow: int | None = None, extras: bool = False) -> tuple:
+    """One journal's state, as ``_unpack`` takes it back: the spans as msgpack (decoded in C by
+    the parent, straight into ``SpanRec``s), the rest as ``marshal`` data. ``extras``: also every
+    span id, the earliest start and the latest end or start (``Split``)."""
     spans = list(proc.spans.values()) if shallow is None else _shallow(proc, shallow)
-    return (
+    packed = (
         [getattr(tail, name) for name in _TAIL_FIELDS],
         [getattr(proc, name) for name in _PROC_FIELDS],
         msgspec.msgpack.encode(spans),
     )
+    if not extras:
+        return packed
+    every = proc.spans.values()
+    lo = min((s.start for s in every), default=None)
+    hi = max((s.end or s.start for s in every), default=None)
+    return (*packed, (list(proc.spans), lo, hi))
 
 
 def _shallow(proc: ProcessRec, depth: int) -> list[SpanRec]:

@@ -42,7 +42,7 @@ Phases that never ended count up to the end of the run and are marked (open).
     def run(self, args: argparse.Namespace) -> int:
         if len(args.runs) > 2:
             raise CommandError(f"takes one run directory (ranks) or two (A B), not {len(args.runs)}", 2)
-        lays = [layout(open_run(*run_side(arg)), attrs=False) for arg in args.runs]  # it shows no attributes
+        lays = [layout(open_run(*run_side(arg), split=True), attrs=False) for arg in args.runs]  # shows no attrs
         console = make_console()
         if len(lays) == 1:
             stats = within_run(lays[0])

@@ -106,7 +106,8 @@ for it carry phasetrace.waiting_for.
         parser.add_argument("--timeout", type=float, default=10.0, metavar="S", help="OTLP request timeout")
 
     def run(self, args: argparse.Namespace) -> int:
-        lay = layout(open_run(*args.run_dirs))
+        split = args.format == "jaeger" and not args.endpoint  # its spans made where they were read
+        lay = layout(open_run(*args.run_dirs, split=split))
         if args.endpoint:
             headers = dict(h.split("=", 1) for h in args.header if "=" in h)
             n = send(lay, args.endpoint, args.protocol, headers, args.timeout)

@@ -40,7 +40,7 @@ with the culprit's stack dump, errors with their tracebacks, one timeline lane p
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        lay = layout(open_run(*args.run_dirs))
+        lay = layout(open_run(*args.run_dirs, split=True))  # each lane's bars made where they were read
         output = args.output or str(Path(args.run_dirs[0]) / "report.html")
         write_report(lay, output)
         if output != "-":

@@ -30,7 +30,7 @@ from ..diagnose import Finding
 from ..redact import redact_text
 from ..rundir import STACKS_DIR
 from .jsonout import dumps
-from .lanes import Layout
+from .lanes import Bar, Lane, Layout, lanes_map
 from .phase_stats import PhaseStat, within_run
 from .units import duration
 from .verdict import headline, state, word
@@ -74,77 +74,106 @@ def _attrs_key(attrs: dict[str, Any]) -> Any:
         return json.dumps(attrs, sort_keys=True, default=str)
 
 
-def timeline_data(lay: Layout, stats: dict[str, PhaseStat], verdicts: dict[int, Finding]) -> dict[str, Any]:
+def timeline_data(lay: Layout, stats: dict[str, PhaseStat], verdicts: dict[int, Finding]) -> bytes:
+    """The timeline's data as JSON: phase keys, names and attribute sets interned into tables in
+    order of first appearance, and each lane's bars as index rows. Made in two passes over each
+    lane's bars where they are (``lanes_map``): their distinct values, then their rows."""
     keys, names, attrs = _Table(), _Table(), _Table()
+    for lane_keys, lane_names, lane_attrs in lanes_map(lay, lane_values):
+        for key in lane_keys:
+            keys.add(key)
+        for name in lane_names:
+            names.add(name)
+        for attrs_key, shown in lane_attrs:
+            attrs.add(attrs_key, lambda shown=shown: shown)
     slowest = {k: s.slowest for k, s in stats.items() if len(s.per_rank) > 1 and s.skew > 0}
+    rows = lanes_map(lay, lane_rows, (lay.start, slowest, keys.index, names.index, attrs.index))
     lanes = []
-    start = lay.start
-    status_flags = {"error": ERROR, "incomplete": INCOMPLETE}
-    key_index, name_index, attr_index = keys.index, names.index, attrs.index  # ``_Table.add``, inline
-    by_id: dict[int, int] = {}  # ``Bar.attrs_id`` -> index in ``attrs``
-    for lane in lay.lanes:
-        bars = []
-        label = lane.label
-        for bar in lane.bars:
-            s = bar.span
-            shown = s.attrs
-            if s.error:
-                shown = {**shown, "error": f"{s.error.get('type') or ''} {s.error.get('message') or ''}".strip()}
-            flags = status_flags.get(s.status, 0)
-            if s.end is None:
-                flags |= OPEN
-            if slowest.get(bar.key) == label:
-                flags |= SLOWEST
-            a = by_id.get(bar.attrs_id) if shown is s.attrs else None  # equal attrs: one id (``Bar.attrs_id``)
-            if a is None:
-                try:
-                    attrs_key = tuple(shown.items())
-                    a = attr_index.get(attrs_key)
-                except TypeError:  # a list value: by its JSON text
-                    attrs_key = _attrs_key(shown)
-                    a = attr_index.get(attrs_key)
-                if a is None:
-                    a = attrs.add(attrs_key, lambda shown=shown: {k: _short(v) for k, v in shown.items()})
-                if shown is s.attrs and bar.attrs_id >= 0:
-                    by_id[bar.attrs_id] = a
-            k = key_index.get(bar.key)
-            if k is None:
-                k = keys.add(bar.key)
-            n = name_index.get(s.name)
-            if n is None:
-                n = names.add(s.name)
-            bars.append(
-                [
-                    round((s.start - start) / 1e9 * 1e3, 3),
-                    round((bar.end - s.start) / 1e9 * 1e3, 3),
-                    bar.depth,
-                    k,
-                    n,
-                    a,
-                    flags,
-                ]
-            )
+    for lane, bars in zip(lay.lanes, rows, strict=True):
         finding = verdicts.get(lane.proc.pid)
         where = lane.where
-        lanes.append(
-            {
-                "label": lane.label,
-                "pid": lane.proc.pid,
-                "host": lane.proc.host,
-                "state": state(finding) if finding else lane.state,
-                "where": where.key if where else None,
-                "where_ms": round(lay.rel(where.span.start) * 1e3, 3) if where else None,
-                "verdict": f"{finding.kind}: {finding.message}" if finding else None,
-                "bars": bars,
-            }
+        head = {
+            "label": lane.label,
+            "pid": lane.proc.pid,
+            "host": lane.proc.host,
+            "state": state(finding) if finding else lane.state,
+            "where": where.key if where else None,
+            "where_ms": round(lay.rel(where.span.start) * 1e3, 3) if where else None,
+            "verdict": f"{finding.kind}: {finding.message}" if finding else None,
+        }
+        lanes.append(dumps(head)[:-1] + b',"bars":' + bars + b"}")  # ``dumps`` of it with its bars last
+    return b"".join(
+        (
+            b'{"total_ms":' + dumps(round(lay.seconds * 1e3, 3)),
+            b',"keys":' + dumps(keys.items),
+            b',"names":' + dumps(names.items),
+            b',"attrs":' + dumps(attrs.items),
+            b',"lanes":[' + b",".join(lanes) + b"]}",
         )
-    return {
-        "total_ms": round(lay.seconds * 1e3, 3),
-        "keys": keys.items,
-        "names": names.items,
-        "attrs": attrs.items,
-        "lanes": lanes,
-    }
+    )
+
+
+def _shown(bar: Bar) -> dict[str, Any]:
+    """The attributes a bar's tooltip shows: its span's, and its error's type and message."""
+    s = bar.span
+    if not s.error:
+        return s.attrs
+    return {**s.attrs, "error": f"{s.error.get('type') or ''} {s.error.get('message') or ''}".strip()}
+
+
+def lane_values(lane: Lane, _: Any = None) -> tuple[list[str], list[str], list[tuple[Any, dict[str, Any]]]]:
+    """The distinct phase keys, names and (attribute set, as shown) of ``lane``'s bars, in order of
+    first appearance (``lanes_map``: in the process holding them)."""
+    keys: dict[str, None] = {}
+    names: dict[str, None] = {}
+    attrs: dict[Any, dict[str, Any]] = {}
+    seen: set[int] = set()  # ``Bar.attrs_id``s done
+    for bar in lane.bars:
+        keys.setdefault(bar.key)
+        names.setdefault(bar.span.name)
+        if bar.attrs_id >= 0 and not bar.span.error:
+            if bar.attrs_id in seen:
+                continue
+            seen.add(bar.attrs_id)
+        shown = _shown(bar)
+        key = _attrs_key(shown)
+        if key not in attrs:
+            attrs[key] = {k: _short(v) for k, v in shown.items()}
+    return list(keys), list(names), list(attrs.items())
+
+
+def lane_rows(lane: Lane, arg: tuple) -> bytes:
+    """``lane``'s bars as JSON rows ``[start ms, duration ms, depth, key, name, attrs, flags]``, indexed
+    into the run's tables (``lanes_map``: in the process holding them)."""
+    start, slowest, key_index, name_index, attr_index = arg
+    label = lane.label
+    status_flags = {"error": ERROR, "incomplete": INCOMPLETE}
+    by_id: dict[int, int] = {}  # ``Bar.attrs_id`` -> index in the attrs table
+    rows = []
+    for bar in lane.bars:
+        s = bar.span
+        flags = status_flags.get(s.status, 0)
+        if s.end is None:
+            flags |= OPEN
+        if slowest.get(bar.key) == label:
+            flags |= SLOWEST
+        a = by_id.get(bar.attrs_id) if not s.error else None  # equal attrs: one id (``Bar.attrs_id``)
+        if a is None:
+            a = attr_index[_attrs_key(_shown(bar))]
+            if not s.error and bar.attrs_id >= 0:
+                by_id[bar.attrs_id] = a
+        rows.append(
+            [
+                round((s.start - start) / 1e9 * 1e3, 3),
+                round((bar.end - s.start) / 1e9 * 1e3, 3),
+                bar.depth,
+                key_index[bar.key],
+                name_index[s.name],
+                a,
+                flags,
+            ]
+        )
+    return dumps(rows)
 
 
 _STACK_NAME = re.compile(r"^(?P<host>.+)-(?P<pid>[0-9]+)(?:-py-spy-[0-9]+)?$")  # <host>-<pid>[-py-spy-<time>]
@@ -367,8 +396,10 @@ def render_report(lay: Layout, found: list[Finding], verdicts: dict[int, Finding
 
 def script_json(data: Any) -> str:
     """JSON to embed in a ``<script>`` element: ``<`` (``</script``, ``<!--``) written as ``\\u003c``,
-    which only occurs inside JSON strings, where it means the same character."""
-    return dumps(data).decode("utf-8").replace("<", "\\u003c")
+    which only occurs inside JSON strings, where it means the same character. ``data``: a value, or
+    its JSON text."""
+    text = data if isinstance(data, bytes) else dumps(data)
+    return text.decode("utf-8").replace("<", "\\u003c")
 
 
 PAGE = Template("""<!doctype html>

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..diagnose import Finding
 from .jsonout import dumps
-from .lanes import OPEN_ATTR, Bar, Lane, Layout
+from .lanes import OPEN_ATTR, Bar, Lane, Layout, lanes_map
 from .verdict import Marks, marks
 
 OPEN_WARNING = "phase did not end: still running, or the process died here"
@@ -191,21 +191,32 @@ def to_jaeger(lay: Layout, found: list[Finding] | None = None) -> dict[str, Any]
 
 def jaeger_chunks(lay: Layout, found: list[Finding] | None = None) -> Iterator[bytes]:
     """``to_jaeger``'s document as compact JSON (the same bytes as ``jsonout.dumps`` of it with
-    orjson), one lane's spans at a time: a 1024-rank run's 270 k span objects never exist at once,
-    and what is written is freed as it goes."""
+    orjson), each lane's spans made by the process holding them (``lanes_map``): a 1024-rank run's
+    270 k span objects never exist at once."""
     flags = marks(lay, found or [])
     processes = {lane.index: _process(lane) for lane in lay.lanes}
+    traces: dict[str, list[tuple[Lane, bytes]]] = {}  # trace id -> (lane, its spans there): as ``_traces``
+    arg = (flags.culprit, flags.word, flags.waiting_for)
+    for lane, parts in zip(lay.lanes, lanes_map(lay, lane_spans, arg), strict=True):
+        for trace_id, chunk in parts:
+            traces.setdefault(trace_id, []).append((lane, chunk))
     yield b'{"data":['
-    for n, (trace_id, lanes) in enumerate(_traces(lay).items()):
+    for n, (trace_id, lanes) in enumerate(traces.items()):
         yield b'{"traceID":' if n == 0 else b',{"traceID":'
         yield dumps(trace_id) + b',"spans":['
-        first = True
-        for lane, bars in lanes:
-            process_id = f"p{lane.index + 1}"
-            chunk = dumps([_span(bar, process_id, flags) for bar in bars])[1:-1]
-            if chunk:
-                yield chunk if first else b"," + chunk
-                first = False
+        for i, (_, chunk) in enumerate(lanes):
+            yield b"," + chunk if i else chunk
         yield b'],"processes":' + dumps({f"p{lane.index + 1}": processes[lane.index] for lane, _ in lanes})
         yield b',"warnings":null}'
     yield b"]}"
+
+
+def lane_spans(lane: Lane, arg: tuple[dict[str, str], str, dict[str, str]]) -> list[tuple[str, bytes]]:
+    """(trace id, the lane's spans in it as JSON list items) for each trace the lane's bars are in,
+    in order of first appearance (``lanes_map``: in the process holding them)."""
+    flags = Marks(arg[0], arg[1], arg[2])
+    process_id = f"p{lane.index + 1}"
+    groups: dict[str, list[Bar]] = {}
+    for bar in lane.bars:
+        groups.setdefault(bar.span.trace_id, []).append(bar)
+    return [(trace, dumps([_span(bar, process_id, flags) for bar in bars])[1:-1]) for trace, bars in groups.items()]

@@ -12,14 +12,16 @@ or by another version may hold what ours never writes.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import itertools
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .. import keys
 from ..redact import is_secret_key, redact
-from ..rundir import ProcessRec, RunView, SpanRec
+from ..rundir import ChildLost, ProcessRec, RunView, SpanRec, Split
 
 OPEN_ATTR = "phasetrace.open"  # set on exported spans that never ended
 
@@ -199,6 +201,7 @@ class Layout:
     lanes: list[Lane]
     start: int  # ns: the earliest span start
     end: int  # ns: the horizon (now for a live run, else the latest record)
+    split: _Part | None = None  # a split run: lanes whose bars a forked child holds (``lanes_map``)
 
     @property
     def seconds(self) -> float:
@@ -218,8 +221,11 @@ def _rehash(span_id: str, proc: ProcessRec, taken: set[str]) -> str:
     return uid
 
 
-def _horizon(procs: list[ProcessRec]) -> int:
-    return max([p.last_t for p in procs] + [s.end or s.start for p in procs for s in p.spans.values()] or [0])
+def _horizon(procs: list[ProcessRec], bounds: dict[Any, tuple[int, int]]) -> int:
+    """The latest record or span time of ``procs`` (``bounds``: a split run's child's, of all its spans)."""
+    times = [p.last_t for p in procs] + [s.end or s.start for p in procs for s in p.spans.values()]
+    times += [got[1] for p in procs if (got := bounds.get(p.path))]
+    return max(times or [0])
 
 
 def node_label(proc: ProcessRec, label: str) -> str:
@@ -243,27 +249,71 @@ def layout(run: RunView, now: int | None = None, depth: int | None = None, attrs
 
     Spans are put in the launch's one trace (``RunView.trace_map``: a node whose spans started
     under its own trace id before the nodes agreed), and lanes of a multi-node launch are labelled
-    with their node."""
+    with their node.
+
+    A ``split`` run (``RunView.split``): the lanes of the processes a forked child holds have only
+    the bars every verdict reads; whatever needs all of a lane's bars goes through ``lanes_map``."""
+    split = run.split
+    if split is not None and split.lost:
+        split.whole()  # the child was lost: its processes are read here
+        split = None
+    if split is not None and depth is not None:
+        raise ValueError("a split run is laid out whole (depth None)")
     procs = [p for p in run.processes if p.spans or p.role != "watchdog"]
-    horizon = now if now is not None else _horizon(procs)
+    bounds = split.bounds if split is not None else {}
+    horizon = now if now is not None else _horizon(procs, bounds)
     horizons: dict[Any, int] = {}  # run directory -> its horizon (several directories, no ``now``)
     if now is None and len(run.paths) > 1:
         by_dir: dict[Any, list[ProcessRec]] = {}
         for proc in procs:
             by_dir.setdefault(run.dir_of(proc), []).append(proc)
-        horizons = {path: _horizon(ps) for path, ps in by_dir.items()}
+        horizons = {path: _horizon(ps, bounds) for path, ps in by_dir.items()}
     trace_map = run.trace_map
-    ids, scrub = _IDS, attrs
-    by_object: dict[int, tuple[int, dict[str, Any], dict[str, Any]]] = {}  # id(attrs as read) -> (id, shown, them)
-    taken: set[str] = set()
+    untils = [horizons.get(run.dir_of(proc), horizon) if horizons else horizon for proc in procs]
+    names = Counter(proc.label for proc in procs)
+    labels = [
+        node_label(proc, f"{proc.label}@{proc.host}:{proc.pid}" if names[proc.label] > 1 else proc.label)
+        for proc in procs
+    ]
+    part = _Part.start(split, procs, untils, labels, trace_map, attrs) if split is not None else None
+    work = _Work(trace_map, depth, attrs)
     lanes: list[Lane] = []
     owned: list[dict[str, Bar]] = []
     elsewhere: list[tuple[Bar, str]] = []  # bars whose parent is in another process (rank roots)
     for index, proc in enumerate(procs):
+        bars, own = work.bars(proc, untils[index], elsewhere)
+        owned.append(own)
+        lanes.append(Lane(proc, index, bars, labels[index]))
+    wanted = {parent_id for _, parent_id in elsewhere}
+    first_owner: dict[str, Bar] = {}
+    for own in owned:  # processes in order: a launcher's root wins over a rank's colliding id
+        for parent_id in wanted - first_owner.keys():
+            if parent_id in own:
+                first_owner[parent_id] = own[parent_id]
+    for bar, parent_id in elsewhere:
+        bar.parent = first_owner.get(parent_id)
+    starts = [b.span.start for lane in lanes for b in lane.bars]
+    starts += [bounds[proc.path][0] for proc in procs if proc.path in bounds]
+    start = min(starts) if starts else horizon
+    return Layout(run, lanes, start, max(horizon, start), part)
+
+
+class _Work:
+    """One process's bars (``layout``), in whichever process holds its spans whole."""
+
+    def __init__(self, trace_map: dict[str, str], depth: int | None, attrs: bool) -> None:
+        self.trace_map, self.depth, self.scrub = trace_map, depth, attrs
+        # id(attrs as read) -> (attrs id, as shown, as read): spans share attrs objects (``records._AttrsCache``)
+        self.by_object: dict[int, tuple[int, dict[str, Any], dict[str, Any]]] = {}
+        self.taken: set[str] = set()
+
+    def bars(self, proc: ProcessRec, until: int, elsewhere: list[tuple[Bar, str]]) -> tuple[list[Bar], dict[str, Bar]]:
+        """``proc``'s bars in start order and by span id; those whose parent is elsewhere go in ``elsewhere``."""
+        depth, scrub, trace_map, taken, by_object = self.depth, self.scrub, self.trace_map, self.taken, self.by_object
+        ids = _IDS
         own: dict[str, Bar] = {}
         depths: dict[str, int] = {}  # span id -> depth, of every span (``depth`` leaves some out of ``own``)
         bars = []
-        until = horizons.get(run.dir_of(proc), horizon) if horizons else horizon
         for span in proc.spans.values():
             sid, parent_id = span.span_id, span.parent_id
             up = depths.get(parent_id) if parent_id else None  # None: a root, or its parent is elsewhere
@@ -322,21 +372,117 @@ def layout(run: RunView, now: int | None = None, depth: int | None = None, attrs
                 elsewhere.append((bar, parent_id))
             own[sid] = bar
             bars.append(bar)
-        owned.append(own)
-        lanes.append(Lane(proc, index, bars, proc.label))
-    wanted = {parent_id for _, parent_id in elsewhere}
-    first_owner: dict[str, Bar] = {}
-    for own in owned:  # processes in order: a launcher's root wins over a rank's colliding id
-        for parent_id in wanted - first_owner.keys():
-            if parent_id in own:
-                first_owner[parent_id] = own[parent_id]
+        return bars, own
+
+
+# -- a split run: the child's lanes, laid out and rendered where their spans are --------------------
+
+
+class _Part:
+    """The lanes of a split run's child: what it needs to lay them out as ``layout`` would have (sent
+    as ``layout`` begins, so both lay out at once), and the lanes once made here (the child lost)."""
+
+    _TOKENS = itertools.count(1)
+
+    def __init__(self, split: Split, ctx: dict[str, Any], indices: set[int]) -> None:
+        self.split, self.ctx, self.indices = split, ctx, indices
+        self.pending = False  # the child is laying out (``_part_prepare``): its answer is yet to be read
+        self.here: dict[int, Lane] | None = None  # index -> lane, laid out here (the child was lost)
+
+    @classmethod
+    def start(
+        cls,
+        split: Split,
+        procs: list[ProcessRec],
+        untils: list[int],
+        labels: list[str],
+        trace_map: dict[str, str],
+        attrs: bool,
+    ) -> _Part:
+        theirs = [i for i, proc in enumerate(procs) if proc.path in split.paths and proc.remote is None]
+        wanted = {  # parents elsewhere of the child's roots (a root is never left out of a shallow state)
+            span.parent_id
+            for i in theirs
+            for span in procs[i].spans.values()
+            if span.parent_id and span.parent_id not in procs[i].spans
+        }
+        parents = {}  # span id -> its trace id, of those in the processes read here (ids are unique)
+        for proc in procs:
+            if wanted and proc.path not in split.paths:
+                for sid in [sid for sid in wanted if sid in proc.spans]:
+                    trace = proc.spans[sid].trace_id
+                    parents[sid] = trace_map.get(trace, trace)
+                    wanted.discard(sid)
+        ctx = {
+            "token": next(cls._TOKENS),
+            "lanes": [(str(procs[i].path), i, labels[i], untils[i]) for i in theirs],
+            "trace_map": trace_map,
+            "attrs": attrs,
+            "parents": parents,
+        }
+        part = cls(split, ctx, set(theirs))
+        part.pending = split.call(_part_prepare, ctx)
+        return part
+
+    def lanes_here(self) -> dict[int, Lane]:
+        if self.here is None:
+            self.here = {lane.index: lane for lane in _part_lanes(self.split.whole(), self.ctx)}
+        return self.here
+
+
+def _part_lanes(procs: dict[str, ProcessRec], ctx: dict[str, Any]) -> list[Lane]:
+    """The lanes of ``procs`` (the child's processes, whole) as ``layout`` made them in one process."""
+    work = _Work(ctx["trace_map"], None, ctx["attrs"])
+    lanes, owned, elsewhere = [], {}, []
+    for path, index, label, until in ctx["lanes"]:
+        proc = procs[path]
+        bars, own = work.bars(proc, until, elsewhere)
+        owned.update(own)  # span ids are unique in a split run (``rundir._split_ok``)
+        lanes.append(Lane(proc, index, bars, label))
+    parents = ctx["parents"]
     for bar, parent_id in elsewhere:
-        bar.parent = first_owner.get(parent_id)
-    names = Counter(lane.label for lane in lanes)
-    for lane in lanes:
-        if names[lane.label] > 1:
-            lane.label = f"{lane.label}@{lane.proc.host}:{lane.proc.pid}"
-        lane.label = node_label(lane.proc, lane.label)
-    starts = [b.span.start for lane in lanes for b in lane.bars]
-    start = min(starts) if starts else horizon
-    return Layout(run, lanes, start, max(horizon, start))
+        up = owned.get(parent_id)
+        if up is None and parent_id in parents:  # in the parent's lanes: what its references need
+            up = Bar(SpanRec(parent_id, "", 0, None, parents[parent_id]), parent_id, None, 0, 0, "")
+        bar.parent = up
+    return lanes
+
+
+_PART_LANES: dict[int, list[Lane]] = {}  # in the child: token -> its lanes
+
+
+def _part_prepare(procs: dict[str, ProcessRec], ctx: dict[str, Any]) -> None:
+    """In the child (``rundir._Child.call``): lay out its lanes (``_part_job`` uses them)."""
+    _PART_LANES[ctx["token"]] = _part_lanes(procs, ctx)
+
+
+def _part_job(procs: dict[str, ProcessRec], arg: tuple) -> list[tuple[int, Any]]:
+    """In the child (``rundir._Child.call``): ``fn(lane, arg)`` for each of its lanes."""
+    token, module, name, fn_arg = arg
+    fn = getattr(importlib.import_module(module), name)
+    return [(lane.index, fn(lane, fn_arg)) for lane in _PART_LANES[token]]
+
+
+def lanes_map(lay: Layout, fn: Callable[[Lane, Any], Any], arg: Any = None) -> list[Any]:
+    """``[fn(lane, arg) for lane in lay.lanes]``, with all of each lane's bars: the lanes a split
+    run's child holds are done there, at the same time as the others here. ``fn`` is a module-level
+    function; ``arg`` and its results are ``marshal`` data (numbers, text, bytes, lists, dicts)."""
+    part = lay.split
+    if part is None:
+        return [fn(lane, arg) for lane in lay.lanes]
+    asked = part.here is None and part.split.call(_part_job, (part.ctx["token"], fn.__module__, fn.__qualname__, arg))
+    out: list[Any] = [fn(lane, arg) if lane.index not in part.indices else None for lane in lay.lanes]
+    theirs: list[tuple[int, Any]] | None = None
+    if asked:
+        try:
+            if part.pending:
+                part.pending = False
+                part.split.reply()  # its lanes laid out
+            theirs = part.split.reply()
+        except ChildLost:
+            theirs = None
+    if theirs is None:
+        theirs = [(index, fn(lane, arg)) for index, lane in part.lanes_here().items()]
+    for index, value in theirs:
+        out[index] = value
+    return out

@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .lanes import Layout
+from .lanes import Lane, Layout, lanes_map
 
 
 @dataclass
@@ -65,25 +65,37 @@ class PhaseStat:
 def phase_stats(lay: Layout, depths: range | None = None) -> dict[str, PhaseStat]:
     """Every phase key of the run (or of bars at ``depths``), in order of first start."""
     stats: dict[str, PhaseStat] = {}
-    for lane in lay.lanes:
+    among = None if depths is None else (depths.start, depths.stop)
+    for lane, rows in zip(lay.lanes, lanes_map(lay, lane_phases, among), strict=True):
         label = lane.label
-        counts: dict[str, int] = {}
-        for bar in lane.bars:
-            if depths is not None and bar.depth not in depths:
-                continue
-            key = bar.key
+        for key, seconds, count, opened in rows:
             stat = stats.get(key)
             if stat is None:
                 stat = stats[key] = PhaseStat(key)
             per = stat.per_rank
-            per[label] = per.get(label, 0.0) + (bar.end - bar.span.start) / 1e9
-            counts[key] = counts.get(key, 0) + 1
-            if bar.span.end is None and label not in stat.open:
+            per[label] = per[label] + seconds if label in per else seconds
+            if count > stat.count:
+                stat.count = count
+            if opened and label not in stat.open:
                 stat.open.append(label)
-        for key, n in counts.items():
-            if n > stats[key].count:
-                stats[key].count = n
     return stats
+
+
+def lane_phases(lane: Lane, among: tuple[int, int] | None) -> list[tuple[str, float, int, bool]]:
+    """(phase key, seconds, occurrences, open) for each key of ``lane``'s bars (at depths ``among``,
+    a range's start and stop), in order of first start (``lanes_map``: in the process holding them)."""
+    rows: dict[str, list] = {}
+    for bar in lane.bars:
+        if among is not None and not among[0] <= bar.depth < among[1]:
+            continue
+        row = rows.get(bar.key)
+        if row is None:
+            row = rows[bar.key] = [bar.key, 0.0, 0, False]
+        row[1] += (bar.end - bar.span.start) / 1e9
+        row[2] += 1
+        if bar.span.end is None:
+            row[3] = True
+    return [tuple(row) for row in rows.values()]
 
 
 def within_run(lay: Layout) -> list[PhaseStat]:
