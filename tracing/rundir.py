@@ -235,6 +235,9 @@ class RunView:
         ``split`` (with ``parallel``): the child keeps whole what it read and sends back what every
         verdict reads (a ``shallow`` read), and lays out and renders its processes' lanes on request
         (``self.split``, ``render.lanes.lanes_map``): a verb that renders every span of a large run."""
+        if self.split is not None:  # read more of a split view: whole, here
+            self.split.whole()
+            self.split = None
         journals = [
             path
             for run_path in self.paths
@@ -258,7 +261,7 @@ class RunView:
                 if got is None or not child.serving:
                     child.abandon()
                 else:
-                    self.split = Split(self, child)
+                    self.split = Split(self, child, final)
                 child = None
                 for path, (tail, proc) in (got or {}).items():
                     self._tails[path] = (tail, proc)
@@ -463,6 +466,8 @@ class _Child:
         r, w = os.pipe()
         cmd_r, cmd_w = os.pipe() if serve else (-1, -1)
         _widen(w)
+        if serve:
+            _widen(cmd_w)
         try:
             pid = os.fork()
         except OSError:
@@ -547,8 +552,8 @@ class Split:
     every verdict reads, ``_shallow``): a renderer asks the child to lay out and render their lanes
     (``render.lanes.lanes_map``), and only if the child is lost reads them again here (``whole``)."""
 
-    def __init__(self, view: RunView, child: _Child) -> None:
-        self.view, self.child = weakref.proxy(view), child  # the view holds this: no cycle
+    def __init__(self, view: RunView, child: _Child, final: bool) -> None:
+        self.view, self.child, self.final = weakref.proxy(view), child, final  # the view holds this: no cycle
         self.paths = set(child.journals)
         # path -> (earliest start, latest end or start) of all its spans (``layout``: the run's bounds)
         self.bounds = {path: (lo, hi) for path, (_, lo, hi) in child.extras.items() if lo is not None}
@@ -585,14 +590,15 @@ class Split:
         view._told = [(teller, r) for teller, r in view._told if id(teller) not in old]
         for path in self.paths:
             view._tails.pop(path, None)
-            view._read(path, final=True)
+            view._read(path, self.final)
         view._place_told()
         self._whole = {str(path): view._tails[path][1] for path in self.paths}
         return self._whole
 
 
-def _send(out: Any, obj: Any) -> None:
-    data = marshal.dumps(obj)
+def _send(out: Any, obj: Any, data: bytes | None = None) -> None:
+    """One message (``obj`` as ``marshal`` data, or ``data`` already made), length first."""
+    data = marshal.dumps(obj) if data is None else data
     out.write(len(data).to_bytes(8, "little"))
     out.write(data)
     out.flush()
@@ -623,9 +629,7 @@ def _serve(cmd: Any, out: Any, procs: dict[str, ProcessRec]) -> None:
             data = marshal.dumps(("ok", fn(procs, arg)))
         except Exception as exc:  # the parent does it itself
             data = marshal.dumps(("error", repr(exc)))
-        out.write(len(data).to_bytes(8, "little"))
-        out.write(data)
-        out.flush()
+        _send(out, None, data)
 
 
 def _whole_from(
