@@ -289,19 +289,21 @@ def test_a_shallow_two_core_read_gives_the_verdicts_a_whole_read_gives(
 
 
 def _outputs(capsys: pytest.CaptureFixture[str], path: Path, out: Path) -> list:
-    """What compare, export (Jaeger) and report write for the run at ``path``."""
+    """What compare, export (Jaeger), report and timeline write for the run at ``path``."""
     code, compared, _ = run_cli(capsys, "compare", str(path), "--json")
     assert code == 0
+    drawn = [run_cli(capsys, "timeline", str(path), "--width", "140", "--depth", str(d)) for d in (0, 2)]
+    assert all(code == 0 for code, _, _ in drawn)
     assert run_cli(capsys, "export", str(path), "--format", "jaeger", "-o", str(out / "jaeger.json"))[0] == 0
     assert run_cli(capsys, "report", str(path), "-o", str(out / "r.html"))[0] == 0
-    return [compared, (out / "jaeger.json").read_bytes(), (out / "r.html").read_bytes()]
+    return [compared, (out / "jaeger.json").read_bytes(), (out / "r.html").read_bytes(), *(o for _, o, _ in drawn)]
 
 
 @pytest.mark.parametrize("how", ["split", "child fails", "child dies", "ids repeat"])
 def test_a_split_run_renders_the_same_as_one_read_in_one_process(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
-    """compare, export and report have a forked child lay out and render the lanes of the journals
+    """compare, export, report and timeline have a forked child lay out and render the lanes of the journals
     it read (it sends back only what verdicts read): the same bytes as one process makes, also when
     the child fails or dies midway, or when span ids repeat across ranks (then it sends all)."""
     if threading.active_count() > 1:
@@ -326,7 +328,7 @@ def test_a_split_run_renders_the_same_as_one_read_in_one_process(
     if how == "child dies":
         monkeypatch.setattr(lanes_module, "_part_prepare", _dies)
     assert _outputs(capsys, run.path, tmp_path / "two") == alone
-    assert [view.split is None for view in splits] == [how == "ids repeat"] * 3
+    assert [view.split is None for view in splits] == [how == "ids repeat"] * 5
     if how in ("child fails", "child dies"):
         assert all(view.split.lost for view in splits)
 

@@ -441,7 +441,7 @@ class _Child:
         self.pipe = os.fdopen(fd, "rb")
         self.cmd = os.fdopen(cmd, "wb") if cmd >= 0 else None
         self.serving = cmd >= 0
-        self.extras: dict[Path, tuple] = {}  # ``serve``: path -> (span ids, earliest start, latest time)
+        self.extras: dict[Path, tuple] = {}  # ``serve``: path -> (span ids, earliest starts by depth, latest time)
 
     @classmethod
     def start(cls, journals: list[Path], final: bool, shallow: int | None = None, serve: bool = False) -> _Child | None:
@@ -555,8 +555,8 @@ class Split:
     def __init__(self, view: RunView, child: _Child, final: bool) -> None:
         self.view, self.child, self.final = weakref.proxy(view), child, final  # the view holds this: no cycle
         self.paths = set(child.journals)
-        # path -> (earliest start, latest end or start) of all its spans (``layout``: the run's bounds)
-        self.bounds = {path: (lo, hi) for path, (_, lo, hi) in child.extras.items() if lo is not None}
+        # path -> (earliest start at each depth, latest end or start) of its spans (``layout``: the run's bounds)
+        self.bounds = {path: (firsts, hi) for path, (_, firsts, hi) in child.extras.items() if hi is not None}
         self.lost = False
         self._whole: dict[str, ProcessRec] | None = None
         weakref.finalize(self, child.abandon)  # the view is dropped: the child ends (the CLI exits before)
@@ -702,7 +702,7 @@ def _read_whole(path: Path, final: bool) -> tuple[JournalTail, ProcessRec]:
 def _pack(tail: JournalTail, proc: ProcessRec, shallow: int | None = None, extras: bool = False) -> tuple:
     """One journal's state, as ``_unpack`` takes it back: the spans as msgpack (decoded in C by
     the parent, straight into ``SpanRec``s), the rest as ``marshal`` data. ``extras``: also every
-    span id, the earliest start and the latest end or start (``Split``)."""
+    span id, the earliest start at each depth and the latest end or start (``Split``)."""
     spans = list(proc.spans.values()) if shallow is None else _shallow(proc, shallow)
     packed = (
         [getattr(tail, name) for name in _TAIL_FIELDS],
@@ -711,10 +711,19 @@ def _pack(tail: JournalTail, proc: ProcessRec, shallow: int | None = None, extra
     )
     if not extras:
         return packed
-    every = proc.spans.values()
-    lo = min((s.start for s in every), default=None)
-    hi = max((s.end or s.start for s in every), default=None)
-    return (*packed, (list(proc.spans), lo, hi))
+    levels: dict[str, int] = {}
+    firsts: list[int] = []  # by depth: the earliest start of a span at that depth
+    hi = None
+    for sid, span in proc.spans.items():
+        up = levels.get(span.parent_id) if span.parent_id else None
+        levels[sid] = level = up + 1 if up is not None else 0
+        if level == len(firsts):
+            firsts.append(span.start)
+        elif span.start < firsts[level]:
+            firsts[level] = span.start
+        t = span.end or span.start
+        hi = t if hi is None or t > hi else hi
+    return (*packed, (list(proc.spans), firsts, hi))
 
 
 def _shallow(proc: ProcessRec, depth: int) -> list[SpanRec]:

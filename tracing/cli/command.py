@@ -75,14 +75,13 @@ def check_run_dir(path: str | Path, journal: bool = True) -> Path:
     return path
 
 
-def open_run(path: str | Path, *more: str | Path, shallow: int | None = None, split: bool = False) -> RunView:
+def open_run(path: str | Path, *more: str | Path, split: bool = False) -> RunView:
     """Load a run directory, or several as one launch (one per node of a multi-node launch);
-    journal lines that cannot be used are reported once, on stderr. ``shallow``: the caller draws
-    spans down to that depth only; ``split``: it renders every span through ``lanes_map``
-    (``RunView.refresh``)."""
+    journal lines that cannot be used are reported once, on stderr. ``split``: the caller goes
+    through ``lanes_map`` for whatever needs every bar of a lane (``RunView.refresh``)."""
     paths = [check_run_dir(p) for p in (path, *more)]
     try:
-        run = load_run(*paths, parallel=True, shallow=shallow, split=split)
+        run = load_run(*paths, parallel=True, split=split)
     except FileNotFoundError as exc:
         raise CommandError(str(exc)) from None
     for proc in run.processes:  # a bad status file is said here, with the journals' problems

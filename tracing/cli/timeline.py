@@ -35,7 +35,7 @@ capitals; a phase that never ended (still running, or the process died there) en
 
     def run(self, args: argparse.Namespace) -> int:
         depth = max(0, args.depth)
-        lay = layout(open_run(*args.run_dirs, shallow=depth), depth=depth)  # the rows drawn, open phases
+        lay = layout(open_run(*args.run_dirs, split=True), depth=depth)  # each lane's rows drawn where it was read
         console = make_console(args.width)
         for line in render_timeline(lay, width=console.width, depth=max(0, args.depth)):
             console.print(line)

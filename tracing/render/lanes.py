@@ -221,7 +221,7 @@ def _rehash(span_id: str, proc: ProcessRec, taken: set[str]) -> str:
     return uid
 
 
-def _horizon(procs: list[ProcessRec], bounds: dict[Any, tuple[int, int]]) -> int:
+def _horizon(procs: list[ProcessRec], bounds: dict[Any, tuple[list[int], int]]) -> int:
     """The latest record or span time of ``procs`` (``bounds``: a split run's child's, of all its spans)."""
     times = [p.last_t for p in procs] + [s.end or s.start for p in procs for s in p.spans.values()]
     times += [got[1] for p in procs if (got := bounds.get(p.path))]
@@ -251,14 +251,12 @@ def layout(run: RunView, now: int | None = None, depth: int | None = None, attrs
     under its own trace id before the nodes agreed), and lanes of a multi-node launch are labelled
     with their node.
 
-    A ``split`` run (``RunView.split``): the lanes of the processes a forked child holds have only
-    the bars every verdict reads; whatever needs all of a lane's bars goes through ``lanes_map``."""
+    A ``split`` run (``RunView.split``): here the lanes of the processes a forked child holds have
+    only the bars every verdict reads; whatever needs all of a lane's bars goes through ``lanes_map``."""
     split = run.split
     if split is not None and split.lost:
         split.whole()  # the child was lost: its processes are read here
         split = None
-    if split is not None and depth is not None:
-        raise ValueError("a split run is laid out whole (depth None)")
     procs = [p for p in run.processes if p.spans or p.role != "watchdog"]
     bounds = split.bounds if split is not None else {}
     horizon = now if now is not None else _horizon(procs, bounds)
@@ -275,7 +273,7 @@ def layout(run: RunView, now: int | None = None, depth: int | None = None, attrs
         node_label(proc, f"{proc.label}@{proc.host}:{proc.pid}" if names[proc.label] > 1 else proc.label)
         for proc in procs
     ]
-    part = _Part.start(split, procs, untils, labels, trace_map, attrs) if split is not None else None
+    part = _Part.start(split, procs, untils, labels, trace_map, depth, attrs) if split is not None else None
     work = _Work(trace_map, depth, attrs)
     lanes: list[Lane] = []
     owned: list[dict[str, Bar]] = []
@@ -293,7 +291,7 @@ def layout(run: RunView, now: int | None = None, depth: int | None = None, attrs
     for bar, parent_id in elsewhere:
         bar.parent = first_owner.get(parent_id)
     starts = [b.span.start for lane in lanes for b in lane.bars]
-    starts += [bounds[proc.path][0] for proc in procs if proc.path in bounds]
+    starts += [min(bounds[p.path][0][: None if depth is None else depth + 1]) for p in procs if p.path in bounds]
     start = min(starts) if starts else horizon
     return Layout(run, lanes, start, max(horizon, start), part)
 
@@ -397,6 +395,7 @@ class _Part:
         untils: list[int],
         labels: list[str],
         trace_map: dict[str, str],
+        depth: int | None,
         attrs: bool,
     ) -> _Part:
         theirs = [i for i, proc in enumerate(procs) if proc.path in split.paths and proc.remote is None]
@@ -417,6 +416,7 @@ class _Part:
             "token": next(cls._TOKENS),
             "lanes": [(str(procs[i].path), i, labels[i], untils[i]) for i in theirs],
             "trace_map": trace_map,
+            "depth": depth,
             "attrs": attrs,
             "parents": parents,
         }
@@ -432,7 +432,7 @@ class _Part:
 
 def _part_lanes(procs: dict[str, ProcessRec], ctx: dict[str, Any]) -> list[Lane]:
     """The lanes of ``procs`` (the child's processes, whole) as ``layout`` made them in one process."""
-    work = _Work(ctx["trace_map"], None, ctx["attrs"])
+    work = _Work(ctx["trace_map"], ctx["depth"], ctx["attrs"])
     lanes, owned, elsewhere = [], {}, []
     for path, index, label, until in ctx["lanes"]:
         proc = procs[path]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
-from .lanes import Bar, Lane, Layout
+from .lanes import Bar, Lane, Layout, lanes_map
 from .phase_stats import phase_stats
 from .term import clean
 from .units import duration
@@ -46,32 +46,35 @@ class Legend:
     open_in: list[str]
 
 
-def _bars(lane: Lane, depth: int) -> list[Bar]:
-    return [b for b in lane.bars if b.depth == depth]
-
-
 def legends(lay: Layout, depths: range) -> dict[str, Legend]:
-    stats = phase_stats(lay, depths)
+    """A glyph and colour per phase key drawn, in order of first start (``phase_stats``' order)."""
     shown: dict[str, Legend] = {}
-    for lane in lay.lanes:
-        for bar in lane.bars:
-            if bar.depth in depths and bar.key not in shown:
-                n = len(shown)
-                stat = stats[bar.key]
-                shown[bar.key] = Legend(
-                    bar.key,
-                    GLYPHS[n] if n < len(GLYPHS) else "+",
-                    COLORS[n % len(COLORS)],
-                    stat.slowest if len(stat.per_rank) > 1 else None,
-                    f"{duration(stat.min)}-{duration(stat.max)}" if len(stat.per_rank) > 1 else duration(stat.max),
-                    stat.open,
-                )
+    for n, (key, stat) in enumerate(phase_stats(lay, depths).items()):
+        shown[key] = Legend(
+            key,
+            GLYPHS[n] if n < len(GLYPHS) else "+",
+            COLORS[n % len(COLORS)],
+            stat.slowest if len(stat.per_rank) > 1 else None,
+            f"{duration(stat.min)}-{duration(stat.max)}" if len(stat.per_rank) > 1 else duration(stat.max),
+            stat.open,
+        )
     return shown
 
 
-def _row(bars: list[Bar], lay: Layout, width: int, legend: dict[str, Legend], label: str) -> Text:
-    """One row of ``width`` cells; each cell shows the phase covering most of its time slice."""
-    span = max(lay.end - lay.start, 1)
+def lane_rows(lane: Lane, arg: tuple) -> list[list[tuple[str, str]]]:
+    """``lane``'s rows (one per depth in ``arg``), each as (text, style) runs of ``width`` cells
+    (``lanes_map``: in the process holding its bars)."""
+    start, end, width, looks, levels = arg
+    label = lane.label
+    return [_cells([b for b in lane.bars if b.depth == level], start, end, width, looks, label) for level in levels]
+
+
+def _cells(
+    bars: list[Bar], start: int, end: int, width: int, looks: dict[str, tuple[str, str, str | None]], label: str
+) -> list[tuple[str, str]]:
+    """One row of ``width`` cells; each cell shows the phase covering most of its time slice
+    (``looks``: key -> glyph, colour, slowest lane)."""
+    span = max(end - start, 1)
     cover: list[dict[str, int]] = [{} for _ in range(width)]
     ends: dict[int, Bar] = {}
     same: dict[tuple[str, int, int], int] = {}  # bars of one phase over the same time count once, weighted
@@ -79,11 +82,11 @@ def _row(bars: list[Bar], lay: Layout, width: int, legend: dict[str, Legend], la
         k = (bar.key, bar.span.start, bar.end)
         same[k] = same.get(k, 0) + 1
         if bar.open:
-            b = (bar.end - lay.start) * width / span
+            b = (bar.end - start) * width / span
             ends[min(width - 1, max(0, math.ceil(b) - 1))] = bar
-    for (key, start, end), n in same.items():
-        a = (start - lay.start) * width / span
-        b = (end - lay.start) * width / span
+    for (key, first_t, end_t), n in same.items():
+        a = (first_t - start) * width / span
+        b = (end_t - start) * width / span
         first, last = max(0, int(a)), min(width, int(b) + 1)
         for cell in (first, last - 1) if last - first > 1 else range(first, last):  # partly covered
             overlap = min(b, cell + 1) - max(a, cell)
@@ -95,20 +98,20 @@ def _row(bars: list[Bar], lay: Layout, width: int, legend: dict[str, Legend], la
     cells: list[tuple[str, str]] = []  # (glyph, style) per cell
     for cell, keys in enumerate(cover):
         if cell in ends:
-            cells.append((">", f"bold {legend[ends[cell].key].color}"))
+            cells.append((">", f"bold {looks[ends[cell].key][1]}"))
         elif keys:
-            item = legend[max(keys, key=keys.__getitem__)]
-            cells.append((item.glyph.upper() if item.slowest == label else item.glyph, item.color))
+            glyph, color, slowest = looks[max(keys, key=keys.__getitem__)]
+            cells.append((glyph.upper() if slowest == label else glyph, color))
         else:
             cells.append((" ", ""))
-    text = Text()
+    runs: list[tuple[str, str]] = []
     run_start = 0
     for cell in range(1, width + 1):  # one styled segment per run of equal cells
         if cell == width or cells[cell] != cells[run_start]:
             glyph, style = cells[run_start]
-            text.append(glyph * (cell - run_start), style=style)
+            runs.append((glyph * (cell - run_start), style))
             run_start = cell
-    return text
+    return runs
 
 
 def _axis(lay: Layout, width: int) -> Text:
@@ -140,11 +143,14 @@ def render_timeline(lay: Layout, width: int = 100, depth: int = 1) -> list[Text]
     label_w = max([LABEL_W] + [min(LABEL_MAX_W, len(label)) for label in labels])
     chart_w = max(20, width - label_w - TAIL_W - 3)
     lines = [Text(f"{'':<{label_w}} ") + _axis(lay, chart_w) + Text(f"  total {duration(lay.seconds)}")]
-    for lane, shown in zip(lay.lanes, labels, strict=True):
-        for n, level in enumerate(depths):
+    looks = {key: (item.glyph, item.color, item.slowest) for key, item in legend.items()}
+    rows = lanes_map(lay, lane_rows, (lay.start, lay.end, chart_w, looks, list(depths)))
+    for lane, shown, cells in zip(lay.lanes, labels, rows, strict=True):
+        for n, runs in enumerate(cells):
             label = shown if n == 0 else ""
             row = Text(f"{label[:label_w]:<{label_w}} ", style="bold" if n == 0 else "")
-            row += _row(_bars(lane, level), lay, chart_w, legend, lane.label)
+            for text, style in runs:
+                row.append(text, style=style)
             if n == 0:
                 row += Text(f"  {_tail(lane)}", style="red" if lane.state != "ready" else "")
             lines.append(row)
