@@ -204,8 +204,12 @@ def start_run(tmp_path: Path, ignore_hup: bool = False) -> tuple[subprocess.Pope
     the command's pid."""
     (tmp_path / "sleeper.py").write_text(SLEEPER)
     pid_file = tmp_path / "pid"
-    # as under nohup, or as a shell starts it (a test runner started under nohup passes SIG_IGN down)
-    prelude = f"import signal; signal.signal(signal.SIGHUP, signal.{'SIG_IGN' if ignore_hup else 'SIG_DFL'}); "
+    # as under nohup, or as a shell starts it: a test runner started under nohup or in the background
+    # passes an ignored SIGHUP, SIGINT down, which phasetrace keeps ignoring
+    prelude = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        f"signal.signal(signal.SIGHUP, signal.{'SIG_IGN' if ignore_hup else 'SIG_DFL'}); "
+    )
     program = (
         f"{prelude}import sys; from sglang_phasetrace.tracing.cli import main; "
         f"sys.exit(main(['run', '--quiet', '--dir', {str(tmp_path / 'runs')!r}, '--', sys.executable, "
