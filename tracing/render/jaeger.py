@@ -152,41 +152,10 @@ def _span(bar: Bar, process_id: str, flags: Marks) -> dict[str, Any]:
     }
 
 
-def _traces(lay: Layout) -> dict[str, list[tuple[Lane, list[Bar]]]]:
-    """Trace id -> (lane, its bars in that trace) in the document's order: traces and lanes by first
-    appearance. A lane's spans are in one trace, but for odd journals."""
-    traces: dict[str, list[tuple[Lane, list[Bar]]]] = {}
-    for lane in lay.lanes:
-        trace_id, bars = None, []
-        for bar in lane.bars:
-            if bar.span.trace_id != trace_id:
-                trace_id = bar.span.trace_id
-                lanes = traces.setdefault(trace_id, [])
-                if lanes and lanes[-1][0] is lane:  # back in a trace this lane was in already
-                    bars = lanes[-1][1]
-                else:
-                    bars = []
-                    lanes.append((lane, bars))
-            bars.append(bar)
-    return traces
-
-
 def to_jaeger(lay: Layout, found: list[Finding] | None = None) -> dict[str, Any]:
-    """``found``: the run's verdicts (``cli.findings``), root cause first; its culprit is flagged."""
-    flags = marks(lay, found or [])
-    processes = {lane.index: _process(lane) for lane in lay.lanes}
-    data = []
-    for trace_id, lanes in _traces(lay).items():
-        spans = [_span(bar, f"p{lane.index + 1}", flags) for lane, bars in lanes for bar in bars]
-        data.append(
-            {
-                "traceID": trace_id,
-                "spans": spans,
-                "processes": {f"p{lane.index + 1}": processes[lane.index] for lane, _ in lanes},
-                "warnings": None,
-            }
-        )
-    return {"data": data}
+    """``found``: the run's verdicts (``cli.findings``), root cause first; its culprit is flagged.
+    The document ``jaeger_chunks`` writes, as a value."""
+    return json.loads(b"".join(jaeger_chunks(lay, found)))
 
 
 def jaeger_chunks(lay: Layout, found: list[Finding] | None = None) -> Iterator[bytes]:
@@ -195,7 +164,7 @@ def jaeger_chunks(lay: Layout, found: list[Finding] | None = None) -> Iterator[b
     270 k span objects never exist at once."""
     flags = marks(lay, found or [])
     processes = {lane.index: _process(lane) for lane in lay.lanes}
-    traces: dict[str, list[tuple[Lane, bytes]]] = {}  # trace id -> (lane, its spans there): as ``_traces``
+    traces: dict[str, list[tuple[Lane, bytes]]] = {}  # trace id -> (lane, its spans there), by first appearance
     arg = (flags.culprit, flags.word, flags.waiting_for)
     for lane, parts in zip(lay.lanes, lanes_map(lay, lane_spans, arg), strict=True):
         for trace_id, chunk in parts:
