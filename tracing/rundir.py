@@ -703,7 +703,8 @@ def _pack(tail: JournalTail, proc: ProcessRec, shallow: int | None = None, extra
     """One journal's state, as ``_unpack`` takes it back: the spans as msgpack (decoded in C by
     the parent, straight into ``SpanRec``s), the rest as ``marshal`` data. ``extras``: also every
     span id, the earliest start at each depth and the latest end or start (``Split``)."""
-    spans = list(proc.spans.values()) if shallow is None else _shallow(proc, shallow)
+    levels = _levels(proc.spans) if shallow is not None or extras else {}
+    spans = list(proc.spans.values()) if shallow is None else _shallow(proc, shallow, levels)
     packed = (
         [getattr(tail, name) for name in _TAIL_FIELDS],
         [getattr(proc, name) for name in _PROC_FIELDS],
@@ -711,12 +712,10 @@ def _pack(tail: JournalTail, proc: ProcessRec, shallow: int | None = None, extra
     )
     if not extras:
         return packed
-    levels: dict[str, int] = {}
     firsts: list[int] = []  # by depth: the earliest start of a span at that depth
     hi = None
     for sid, span in proc.spans.items():
-        up = levels.get(span.parent_id) if span.parent_id else None
-        levels[sid] = level = up + 1 if up is not None else 0
+        level = levels[sid]
         if level == len(firsts):
             firsts.append(span.start)
         elif span.start < firsts[level]:
@@ -726,7 +725,16 @@ def _pack(tail: JournalTail, proc: ProcessRec, shallow: int | None = None, extra
     return (*packed, (list(proc.spans), firsts, hi))
 
 
-def _shallow(proc: ProcessRec, depth: int) -> list[SpanRec]:
+def _levels(spans: dict[str, SpanRec]) -> dict[str, int]:
+    """Span id -> its depth in its process (0: a root, or its parent is elsewhere), as ``layout`` counts."""
+    levels: dict[str, int] = {}
+    for sid, span in spans.items():
+        up = levels.get(span.parent_id) if span.parent_id else None
+        levels[sid] = up + 1 if up is not None else 0
+    return levels
+
+
+def _shallow(proc: ProcessRec, depth: int, levels: dict[str, int]) -> list[SpanRec]:
     """The spans a reader drawing down to ``depth`` needs, and every span a verdict reads
     (``diagnose``, ``postmortem``, ``hints``, ``cli.findings``), in their order, with their ancestors
     (so depths read from the spans sent are the same): those down to ``depth``; the open or failed
@@ -734,19 +742,16 @@ def _shallow(proc: ProcessRec, depth: int) -> list[SpanRec]:
     (whether a recorded verdict still holds); the latest to end, and any ending at the process's
     last record (where it was when it ended). Of the rest, which all ended well, ``proc.dropped``
     keeps how many there were per phase and the latest end (whether its peers left a rank behind).
-    A process that is not a rank (a launcher: a few spans) is sent whole."""
+    A process that is not a rank (a launcher: a few spans) is sent whole. ``levels``: ``_levels``."""
     spans = proc.spans
     if proc.role != "rank":
         return list(spans.values())
-    levels: dict[str, int] = {}
     latest: dict[str, str] = {}  # phase -> its latest span
     last = min(proc.last_t, max((s.end for s in spans.values() if s.end is not None), default=proc.last_t))
     wanted: list[str] = []
     phase_of = keys.PHASE
     for sid, span in spans.items():
-        parent_id = span.parent_id
-        up = levels.get(parent_id) if parent_id else None
-        levels[sid] = level = up + 1 if up is not None else 0
+        parent_id, level = span.parent_id, levels[sid]
         attrs, end = span.attrs, span.end
         latest[attrs.get(phase_of, span.name)] = sid
         if (
