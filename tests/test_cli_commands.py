@@ -295,17 +295,23 @@ def _outputs(capsys: pytest.CaptureFixture[str], path: Path, out: Path) -> list:
     drawn = [run_cli(capsys, "timeline", str(path), "--width", "140", "--depth", str(d)) for d in (0, 2)]
     assert all(code == 0 for code, _, _ in drawn)
     assert run_cli(capsys, "export", str(path), "--format", "jaeger", "-o", str(out / "jaeger.json"))[0] == 0
+    code, piped, _ = run_cli(capsys, "export", str(path), "--format", "jaeger", "-o", "-")
+    assert code == 0
     assert run_cli(capsys, "report", str(path), "-o", str(out / "r.html"))[0] == 0
-    return [compared, (out / "jaeger.json").read_bytes(), (out / "r.html").read_bytes(), *(o for _, o, _ in drawn)]
+    jaeger = (out / "jaeger.json").read_bytes()
+    return [compared, jaeger, piped, (out / "r.html").read_bytes(), *(o for _, o, _ in drawn)]
 
 
-@pytest.mark.parametrize("how", ["split", "child fails", "child dies", "ids repeat"])
+@pytest.mark.parametrize(
+    "how", ["split", "child fails", "child dies", "child fails writing", "child dies writing", "ids repeat"]
+)
 def test_a_split_run_renders_the_same_as_one_read_in_one_process(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
     """compare, export, report and timeline have a forked child lay out and render the lanes of the journals
-    it read (it sends back only what verdicts read): the same bytes as one process makes, also when
-    the child fails or dies midway, or when span ids repeat across ranks (then it sends all)."""
+    it read (it sends back only what verdicts read; a Jaeger file's spans of its lanes it writes
+    there itself): the same bytes as one process makes, also when the child fails or dies midway
+    (writing too), or when span ids repeat across ranks (then it sends all)."""
     if threading.active_count() > 1:
         pytest.skip("another thread runs in this test process: the read is never forked then")
     run = build_run(tmp_path / "run", ranks=6, spans=60, stalled_rank=4, same_ids=how == "ids repeat")
@@ -327,17 +333,21 @@ def test_a_split_run_renders_the_same_as_one_read_in_one_process(
         monkeypatch.setattr(lanes_module, "_part_job", _fails)  # in the child: it answers with an error
     if how == "child dies":
         monkeypatch.setattr(lanes_module, "_part_prepare", _dies)
+    if how.endswith("writing"):
+        monkeypatch.setattr(lanes_module, "_part_write", _fails if "fails" in how else _dies)
     assert _outputs(capsys, run.path, tmp_path / "two") == alone
-    assert [view.split is None for view in splits] == [how == "ids repeat"] * 5
+    assert [view.split is None for view in splits] == [how == "ids repeat"] * 6
     if how in ("child fails", "child dies"):
         assert all(view.split.lost for view in splits)
+    if how.endswith("writing"):  # the Jaeger file's: the child was asked to write, and failed
+        assert [view.split.lost for view in splits] == [False, False, False, True, False, False]
 
 
-def _fails(procs: Any, arg: Any) -> None:
+def _fails(*args: Any) -> None:
     raise RuntimeError("the child fails")
 
 
-def _dies(procs: Any, arg: Any) -> None:
+def _dies(*args: Any) -> None:
     os._exit(1)
 
 

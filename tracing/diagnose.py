@@ -94,6 +94,10 @@ class Thresholds:
         return max(self.busy_s, self.stall_s)
 
 
+PREFIX = "sglang-phasetrace:"  # every verdict line a user sees, wherever the watchdog runs
+VERDICT = {"died": "DIED", "failed": "FAILED", "not_started": "NOT STARTED"}  # a finding's kind -> its word; else STALL
+
+
 @dataclass
 class Finding:
     kind: str  # alarms: "silent" | "straggler" | "divergence" | "no_progress"; notices: "busy" | "slow"

@@ -98,6 +98,14 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """``write_all`` at ``offset`` (the file position is not used, nor moved)."""
+    view = memoryview(data)
+    while view:
+        done = os.pwrite(fd, view, offset)
+        view, offset = view[done:], offset + done
+
+
 def say_once(path: Path, exc: OSError, consequence: str) -> None:
     """``cannot write PATH: [Errno N] reason; consequence``, once per process and reason: a full
     disk fails the journal and the status file alike, and that is one problem."""

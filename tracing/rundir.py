@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import marshal
 import os
+import socket
 import sys
 import threading
 import weakref
@@ -379,8 +380,8 @@ def _apply_all(tail: JournalTail, proc: ProcessRec, chunk: tuple[dict[str, list[
                 for e in items:
                     if (span := spans.get(e.span)) is not None:
                         span.end, span.status, span.error = e.t, e.status or "ok", e.error
-                        if e.attrs:  # a new dict: attrs are shared (``records._AttrsCache``)
-                            span.attrs = {**span.attrs, **e.attrs}
+                        if e.attrs:
+                            span.attrs = _merged(span.attrs, e.attrs)
             elif kind == "event":
                 for e in items:
                     if (span := spans.get(e.span)) is not None:
@@ -398,6 +399,23 @@ def _apply_all(tail: JournalTail, proc: ProcessRec, chunk: tuple[dict[str, list[
 
 
 _SPAN_ID, _START, _T = attrgetter("span_id"), attrgetter("start"), attrgetter("t")
+
+
+def _merged(attrs: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """A span's attrs with its ``end`` record's: a new dict, one per pair, since both are shared
+    (``records._AttrsCache``) — spans with equal attrs keep sharing one (renderers cache by it)."""
+    key = (id(attrs), id(more))
+    hit = _MERGED.get(key)
+    if hit is not None and hit[0] is attrs and hit[1] is more:  # both held: ids not reused meanwhile
+        return hit[2]
+    if len(_MERGED) > 100_000:
+        _MERGED.clear()
+    merged = {**attrs, **more}
+    _MERGED[key] = (attrs, more, merged)
+    return merged
+
+
+_MERGED: dict[tuple[int, int], tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {}
 
 
 def load_run(
@@ -428,7 +446,8 @@ class _Child:
 
     ``serve``: the child sends back a shallow state (what verdicts read), keeps the whole one, and
     then runs what the parent asks of its processes (``call``: a function named by module and name,
-    ``fn(processes by path, arg)``) until the parent closes the pipe."""
+    ``fn(processes by path, arg)``, or ``fn(processes, arg, fd)`` with a descriptor the parent
+    passes over a socket: a file the child writes its part of) until the parent closes the pipe."""
 
     MIN_BYTES = 32 << 20
     SHARE = 0.45  # of the bytes: the parent also unpacks what the child read
@@ -436,10 +455,13 @@ class _Child:
     PIPE_BYTES = 1 << 20
     SPLIT_SHARE = 0.45  # ``serve``: each lays out and renders what it read; the child also packs a shallow state
 
-    def __init__(self, pid: int, fd: int, first: int, journals: list[Path], cmd: int = -1) -> None:
+    def __init__(
+        self, pid: int, fd: int, first: int, journals: list[Path], cmd: int = -1, fds: socket.socket | None = None
+    ) -> None:
         self.pid, self.first, self.journals = pid, first, journals
         self.pipe = os.fdopen(fd, "rb")
         self.cmd = os.fdopen(cmd, "wb") if cmd >= 0 else None
+        self.fds = fds  # ``serve``: descriptors for the child (``call(..., fd=)``)
         self.serving = cmd >= 0
         self.extras: dict[Path, tuple] = {}  # ``serve``: path -> (span ids, earliest starts by depth, latest time)
 
@@ -465,6 +487,7 @@ class _Child:
             return None
         r, w = os.pipe()
         cmd_r, cmd_w = os.pipe() if serve else (-1, -1)
+        fds = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) if serve else ()
         _widen(w)
         if serve:
             _widen(cmd_w)
@@ -474,6 +497,8 @@ class _Child:
             for fd in (r, w, cmd_r, cmd_w):
                 if fd >= 0:
                     os.close(fd)
+            for sock in fds:
+                sock.close()
             return None
         if pid == 0:  # the child: read, send, (serve,) exit without running anything of the parent's
             code = 1
@@ -481,20 +506,23 @@ class _Child:
                 os.close(r)
                 if serve:
                     os.close(cmd_w)
+                    fds[0].close()
                 mine = journals[first:]
                 read = [_read_whole(path, final) for path in mine]
                 with os.fdopen(w, "wb") as out:
                     _send(out, [_pack(tail, proc, shallow, serve) for tail, proc in read])
                     if serve:
                         with os.fdopen(cmd_r, "rb") as cmd:
-                            _serve(cmd, out, {str(path): proc for path, (_, proc) in zip(mine, read, strict=True)})
+                            procs = {str(path): proc for path, (_, proc) in zip(mine, read, strict=True)}
+                            _serve(cmd, out, procs, fds[1])
                 code = 0
             finally:
                 os._exit(code)
         os.close(w)
         if serve:
             os.close(cmd_r)
-        return cls(pid, r, first, journals[first:], cmd_w)
+            fds[1].close()
+        return cls(pid, r, first, journals[first:], cmd_w, fds[0] if serve else None)
 
     def collect(self) -> dict[Path, tuple[JournalTail, ProcessRec]] | None:
         """The child's journals, or None when it failed."""
@@ -514,11 +542,13 @@ class _Child:
         except (OSError, ValueError, EOFError, TypeError):
             return None
 
-    def call(self, fn: Callable[[dict[str, ProcessRec], Any], Any], arg: Any) -> None:
+    def call(self, fn: Callable[..., Any], arg: Any, fd: int | None = None) -> None:
         """Ask the child for ``fn(its processes, arg)`` (``reply`` takes the answer); ``arg`` and
-        the answer are ``marshal`` data."""
-        assert self.cmd is not None
-        _send(self.cmd, (fn.__module__, fn.__qualname__, arg))
+        the answer are ``marshal`` data. ``fd``: ``fn(its processes, arg, a copy of fd)`` instead."""
+        assert self.cmd is not None and self.fds is not None
+        if fd is not None:
+            socket.send_fds(self.fds, [b"f"], [fd])
+        _send(self.cmd, (fn.__module__, fn.__qualname__, arg, fd is not None))
 
     def reply(self) -> Any:
         """The answer to the last ``call``; ``ChildLost`` when there is none (it failed or died)."""
@@ -531,7 +561,7 @@ class _Child:
         return value
 
     def abandon(self) -> None:
-        for f in (self.cmd, self.pipe):  # closing its pipes ends it: its write or read fails
+        for f in (self.cmd, self.pipe, self.fds):  # closing its pipes ends it: its write or read fails
             try:
                 if f is not None:
                     f.close()
@@ -561,11 +591,11 @@ class Split:
         self._whole: dict[str, ProcessRec] | None = None
         weakref.finalize(self, child.abandon)  # the view is dropped: the child ends (the CLI exits before)
 
-    def call(self, fn: Callable[[dict[str, ProcessRec], Any], Any], arg: Any) -> bool:
-        """Ask the child for ``fn(its processes, arg)`` (``reply``); False when it is lost."""
+    def call(self, fn: Callable[..., Any], arg: Any, fd: int | None = None) -> bool:
+        """Ask the child for ``fn(its processes, arg)`` (``reply``; ``_Child.call``); False when it is lost."""
         if not self.lost:
             try:
-                self.child.call(fn, arg)
+                self.child.call(fn, arg, fd)
                 return True
             except (OSError, ValueError):  # it died: a closed pipe; an argument marshal refuses
                 self.lost = True
@@ -615,20 +645,26 @@ def _recv(pipe: Any) -> Any:
     return marshal.loads(data)
 
 
-def _serve(cmd: Any, out: Any, procs: dict[str, ProcessRec]) -> None:
+def _serve(cmd: Any, out: Any, procs: dict[str, ProcessRec], fds: socket.socket) -> None:
     """The child's loop (``_Child.call``): until the parent closes the pipe."""
     while True:
         try:
-            module, name, arg = _recv(cmd)
+            module, name, arg, with_fd = _recv(cmd)
         except EOFError:
             return
+        fd = None
         try:
+            if with_fd:
+                fd = socket.recv_fds(fds, 1, 1)[1][0]
             fn = importlib.import_module(module)
             for part in name.split("."):
                 fn = getattr(fn, part)
-            data = marshal.dumps(("ok", fn(procs, arg)))
+            data = marshal.dumps(("ok", fn(procs, arg) if fd is None else fn(procs, arg, fd)))
         except Exception as exc:  # the parent does it itself
             data = marshal.dumps(("error", repr(exc)))
+        finally:
+            if fd is not None:
+                os.close(fd)
         _send(out, None, data)
 
 

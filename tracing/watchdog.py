@@ -25,14 +25,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import keys, metrics, postmortem, process_state, procs, records, runtime, spawned, stacks
-from .diagnose import Finding, Thresholds, analyze
+from .diagnose import PREFIX, VERDICT, Finding, Thresholds, analyze
 from .redact import redact_text
 from .rundir import STACKS_DIR, ProcessRec, RunView
 
 log = logging.getLogger("sglang_phasetrace")
 MAX_STACKS = 8
-PREFIX = "sglang-phasetrace:"
-VERDICT = {"died": "DIED", "failed": "FAILED", "not_started": "NOT STARTED"}  # any other kind: STALL
 
 
 def proven(proc: ProcessRec) -> bool:

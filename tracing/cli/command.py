@@ -9,12 +9,15 @@ import sys
 import traceback
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from rich.console import Console
 
 from ..render.term import clean
 from ..rundir import JOURNAL_DIR, RunView, load_run
+
+if TYPE_CHECKING:
+    from ..render.lanes import Held
 
 # Exit codes beyond 0 (fine), 1 (error) and 2 (bad usage, from argparse).
 EXIT_STALLED = 3
@@ -125,13 +128,15 @@ def write_output(data: str | bytes, output: str | None) -> None:
         raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def write_chunks(chunks: Iterable[bytes], output: str | None) -> None:
-    """``write_output`` of a document made a piece at a time (a large export), each piece written
-    as it comes."""
+def write_chunks(chunks: Iterable[bytes | Held], output: str | None) -> None:
+    """``write_output`` of a document made a piece at a time (a large export; ``Held`` pieces are
+    a split run's child's, written there: ``render.lanes.write_pieces``)."""
+    from ..render.lanes import resolve, write_pieces  # a bulk verb's: not loaded for --help
+
     if output in (None, "-"):
         sys.stdout.flush()
         out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else None
-        for chunk in chunks:
+        for chunk in resolve(chunks):
             out.write(chunk) if out is not None else sys.stdout.write(chunk.decode())
         sys.stdout.flush()
         return
@@ -139,8 +144,7 @@ def write_chunks(chunks: Iterable[bytes], output: str | None) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
+            write_pieces(f.fileno(), chunks)
     except OSError as exc:
         raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from None
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import postmortem, procs, spawned
-from ..diagnose import Finding, Thresholds, analyze
+from ..diagnose import VERDICT, Finding, Thresholds, analyze
 from ..rundir import ProcessRec, RunView
 
 NS = 1_000_000_000
@@ -72,8 +72,6 @@ def gone_ranks(run: RunView) -> dict[int, procs.Ended | None]:
 
 def recorded(run: RunView) -> set[tuple[int, str]]:
     """(pid, verdict word) of every diagnosis some process of the run recorded: already said."""
-    from ..watchdog import VERDICT
-
     out = set()
     for proc in run.processes:
         for record in proc.diagnoses:

@@ -135,15 +135,31 @@ def lane_values(lane: Lane, _: Any = None) -> tuple[list[str], list[str], list[t
             if bar.attrs_id in seen:
                 continue
             seen.add(bar.attrs_id)
-        shown = _shown(bar)
-        key = _attrs_key(shown)
+            key, short = _by_attrs_id(bar)
+        else:
+            shown = _shown(bar)
+            key, short = _attrs_key(shown), None
         if key not in attrs:
-            attrs[key] = {k: _short(v) for k, v in shown.items()}
+            attrs[key] = short if short is not None else {k: _short(v) for k, v in _shown(bar).items()}
     return list(keys), list(names), list(attrs.items())
 
 
+def _by_attrs_id(bar: Bar) -> tuple[Any, dict[str, Any]]:
+    """(``_attrs_key``, values shortened) of a bar's attrs, made once per ``Bar.attrs_id`` (ranks share them)."""
+    hit = _SHORTENED.get(bar.attrs_id)
+    if hit is None:
+        if len(_SHORTENED) > 100_000:
+            _SHORTENED.clear()
+        attrs = bar.span.attrs
+        hit = _SHORTENED[bar.attrs_id] = (_attrs_key(attrs), {k: _short(v) for k, v in attrs.items()})
+    return hit
+
+
+_SHORTENED: dict[int, tuple[Any, dict[str, Any]]] = {}  # ``Bar.attrs_id`` (never reused) -> ``_by_attrs_id``
+
+
 def lane_rows(lane: Lane, arg: tuple) -> bytes:
-    """``lane``'s bars as JSON rows ``[start ms, duration ms, depth, key, name, attrs, flags]``, indexed
+    """``lane``'s bars as JSON rows ``[start µs, duration µs, depth, key, name, attrs, flags]``, indexed
     into the run's tables (``lanes_map``: in the process holding them)."""
     start, slowest, key_index, name_index, attr_index = arg
     label = lane.label
@@ -159,13 +175,14 @@ def lane_rows(lane: Lane, arg: tuple) -> bytes:
             flags |= SLOWEST
         a = by_id.get(bar.attrs_id) if not s.error else None  # equal attrs: one id (``Bar.attrs_id``)
         if a is None:
-            a = attr_index[_attrs_key(_shown(bar))]
             if not s.error and bar.attrs_id >= 0:
-                by_id[bar.attrs_id] = a
+                a = by_id[bar.attrs_id] = attr_index[_by_attrs_id(bar)[0]]
+            else:
+                a = attr_index[_attrs_key(_shown(bar))]
         rows.append(
             [
-                round((s.start - start) / 1e9 * 1e3, 3),
-                round((bar.end - s.start) / 1e9 * 1e3, 3),
+                (s.start - start) // 1000,
+                (bar.end - s.start) // 1000,
                 bar.depth,
                 key_index[bar.key],
                 name_index[s.name],
@@ -459,15 +476,15 @@ const fmt=ms=>ms>=10000?(ms/1000).toFixed(1)+' s':ms>=1000?(ms/1000).toFixed(2)+
 const axis=document.getElementById('axis');
 for(let i=0;i<=8;i++){const s=document.createElement('span');s.style.left=(i*12.5)+'%';s.textContent=i?fmt(T*i/8):'0';
  if(i<8)axis.appendChild(s);}
-function title(b){const a=D.attrs[b[5]];let t=D.names[b[4]]+'\\n'+D.keys[b[3]]+' — '+fmt(b[1])+
+function title(b){const a=D.attrs[b[5]];let t=D.names[b[4]]+'\\n'+D.keys[b[3]]+' — '+fmt(b[1]/1e3)+
  (b[6]&1?' (did not end)':b[6]&2?' (error)':b[6]&4?' (incomplete)':'');
  for(const k in a)t+='\\n'+k+' = '+a[k];return t;}
 function draw(lane,track){
  const f=document.createDocumentFragment(), stop=lane.state!=='ready'&&lane.where!==null;
  for(const b of lane.bars){const e=document.createElement('div');
   e.className='bar'+(b[6]&1?' open':'')+(b[6]&6?' err':'')+(b[6]&8?' slowest':'');
-  e.style.cssText='left:'+pct(b[0])+';width:'+pct(b[1])+';top:'+(2+b[2]*ROW)+'px;background:'+color(b[3]);
-  e.title=title(b);e.dataset.phase=D.keys[b[3]];if(b[1]>T/40&&!(stop&&b[2]===0))e.textContent=D.keys[b[3]];
+  e.style.cssText='left:'+pct(b[0]/1e3)+';width:'+pct(b[1]/1e3)+';top:'+(2+b[2]*ROW)+'px;background:'+color(b[3]);
+  e.title=title(b);e.dataset.phase=D.keys[b[3]];if(b[1]/1e3>T/40&&!(stop&&b[2]===0))e.textContent=D.keys[b[3]];
   f.appendChild(e);}
  if(stop){const s=document.createElement('div');s.className='stop';
   if(lane.where_ms>0.6*T)s.style.right=(100-100*lane.where_ms/T).toFixed(4)+'%';else s.style.left=pct(lane.where_ms);

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..diagnose import Finding
 from .jsonout import dumps
-from .lanes import OPEN_ATTR, Bar, Lane, Layout, lanes_map
+from .lanes import OPEN_ATTR, Bar, Held, Lane, Layout, lanes_held, resolve
 from .verdict import Marks, marks
 
 OPEN_WARNING = "phase did not end: still running, or the process died here"
@@ -155,18 +155,19 @@ def _span(bar: Bar, process_id: str, flags: Marks) -> dict[str, Any]:
 def to_jaeger(lay: Layout, found: list[Finding] | None = None) -> dict[str, Any]:
     """``found``: the run's verdicts (``cli.findings``), root cause first; its culprit is flagged.
     The document ``jaeger_chunks`` writes, as a value."""
-    return json.loads(b"".join(jaeger_chunks(lay, found)))
+    return json.loads(b"".join(resolve(jaeger_chunks(lay, found))))
 
 
-def jaeger_chunks(lay: Layout, found: list[Finding] | None = None) -> Iterator[bytes]:
+def jaeger_chunks(lay: Layout, found: list[Finding] | None = None) -> Iterator[bytes | Held]:
     """``to_jaeger``'s document as compact JSON (the same bytes as ``jsonout.dumps`` of it with
-    orjson), each lane's spans made by the process holding them (``lanes_map``): a 1024-rank run's
-    270 k span objects never exist at once."""
+    orjson), each lane's spans made by the process holding them (``lanes_held``: a split run's
+    child writes its own into the file, ``lanes.write_pieces``): a 1024-rank run's 270 k span
+    objects never exist at once, nor its 250 MB in one process."""
     flags = marks(lay, found or [])
     processes = {lane.index: _process(lane) for lane in lay.lanes}
-    traces: dict[str, list[tuple[Lane, bytes]]] = {}  # trace id -> (lane, its spans there), by first appearance
+    traces: dict[str, list[tuple[Lane, bytes | Held]]] = {}  # trace id -> (lane, its spans there), by first appearance
     arg = (flags.culprit, flags.word, flags.waiting_for)
-    for lane, parts in zip(lay.lanes, lanes_map(lay, lane_spans, arg), strict=True):
+    for lane, parts in zip(lay.lanes, lanes_held(lay, lane_spans, arg), strict=True):
         for trace_id, chunk in parts:
             traces.setdefault(trace_id, []).append((lane, chunk))
     yield b'{"data":['
@@ -174,7 +175,9 @@ def jaeger_chunks(lay: Layout, found: list[Finding] | None = None) -> Iterator[b
         yield b'{"traceID":' if n == 0 else b',{"traceID":'
         yield dumps(trace_id) + b',"spans":['
         for i, (_, chunk) in enumerate(lanes):
-            yield b"," + chunk if i else chunk
+            if i:
+                yield b","
+            yield chunk
         yield b'],"processes":' + dumps({f"p{lane.index + 1}": processes[lane.index] for lane, _ in lanes})
         yield b',"warnings":null}'
     yield b"]}"

@@ -11,15 +11,17 @@ or by another version may hold what ours never writes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import itertools
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from .. import keys
+from ..files import pwrite_all
 from ..redact import is_secret_key, redact
 from ..rundir import ChildLost, ProcessRec, RunView, SpanRec, Split
 
@@ -185,9 +187,10 @@ class Lane:
             return {"ok": "ready", "error": "failed"}.get(root.status, root.status)
         return "running" if any(b.open for b in self.bars) else "exited"
 
-    @property
+    @functools.cached_property
     def where(self) -> Bar | None:
-        """Where the process is or stopped: the innermost open phase, else the deepest failure."""
+        """Where the process is or stopped: the innermost open phase, else the deepest failure
+        (once per lane: several renderers ask, and a lane's bars are not changed once laid out)."""
         open_bars = [b for b in self.bars if b.open]
         if open_bars:
             return max(open_bars, key=lambda b: (b.depth, b.span.start))
@@ -467,10 +470,24 @@ def lanes_map(lay: Layout, fn: Callable[[Lane, Any], Any], arg: Any = None) -> l
     """``[fn(lane, arg) for lane in lay.lanes]``, with all of each lane's bars: the lanes a split
     run's child holds are done there, at the same time as the others here. ``fn`` is a module-level
     function; ``arg`` and its results are ``marshal`` data (numbers, text, bytes, lists, dicts)."""
+    return _lanes_map(lay, fn, arg, None)
+
+
+def lanes_held(lay: Layout, fn: Callable[[Lane, Any], list[tuple[Any, bytes]]], arg: Any = None) -> list[Any]:
+    """``lanes_map`` of an ``fn`` that makes (key, bytes) pieces of a document (a large export),
+    where the child keeps the bytes of its lanes' pieces: a ``Held`` (their size) stands for each,
+    and ``write_pieces`` has the child write them into the output file where they go."""
+    return _lanes_map(lay, fn, arg, _Held(lay.split, fn, arg) if lay.split is not None else None)
+
+
+def _lanes_map(lay: Layout, fn: Callable[[Lane, Any], Any], arg: Any, held: _Held | None) -> list[Any]:
     part = lay.split
     if part is None:
         return [fn(lane, arg) for lane in lay.lanes]
-    asked = part.here is None and part.split.call(_part_job, (part.ctx["token"], fn.__module__, fn.__qualname__, arg))
+    job = (part.ctx["token"], fn.__module__, fn.__qualname__, arg)
+    asked = part.here is None and (
+        part.split.call(_part_job, job) if held is None else part.split.call(_part_hold, (*job, held.token))
+    )
     out: list[Any] = [fn(lane, arg) if lane.index not in part.indices else None for lane in lay.lanes]
     theirs: list[tuple[int, Any]] | None = None
     if asked:
@@ -483,6 +500,117 @@ def lanes_map(lay: Layout, fn: Callable[[Lane, Any], Any], arg: Any = None) -> l
             theirs = None
     if theirs is None:
         theirs = [(index, fn(lane, arg)) for index, lane in part.lanes_here().items()]
+    elif held is not None:
+        theirs = [(i, [(key, Held(held, i, n, size)) for n, (key, size) in enumerate(sizes)]) for i, sizes in theirs]
     for index, value in theirs:
         out[index] = value
     return out
+
+
+class _Held:
+    """The pieces one ``lanes_held`` left in the child (``_HELD`` there), and how to make them here."""
+
+    _TOKENS = itertools.count(1)
+
+    def __init__(self, part: _Part, fn: Callable[[Lane, Any], list[tuple[Any, bytes]]], arg: Any) -> None:
+        self.part, self.fn, self.arg, self.token = part, fn, arg, next(self._TOKENS)
+
+    def here(self, pieces: list[Held]) -> list[bytes]:
+        """The bytes of ``pieces``, made here (the child was lost): the same, laid out the same way."""
+        lanes = self.part.lanes_here()
+        made = {index: self.fn(lanes[index], self.arg) for index in {p.index for p in pieces}}
+        out = [made[p.index][p.n][1] for p in pieces]
+        if any(len(data) != p.size for data, p in zip(out, pieces, strict=True)):
+            raise RuntimeError("a lane's output made again differs from the child's")  # a bug: never written
+        return out
+
+
+class Held:
+    """A piece of output a split run's child made and keeps (``lanes_held``): its size here."""
+
+    __slots__ = ("index", "job", "n", "size")
+
+    def __init__(self, job: _Held, index: int, n: int, size: int) -> None:
+        self.job, self.index, self.n, self.size = job, index, n, size
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def resolve(chunks: Iterable[bytes | Held]) -> list[bytes]:
+    """``chunks`` with each ``Held`` piece's bytes, sent back by the child (made here if it is lost)."""
+    chunks = list(chunks)
+    held = [c for c in chunks if isinstance(c, Held)]
+    got: dict[int, bytes] = {}
+    for job, pieces in _by_job(held).items():
+        data = None
+        if job.part.split.call(_part_fetch, (job.token, [(p.index, p.n) for p in pieces])):
+            try:
+                data = job.part.split.reply()
+            except ChildLost:
+                pass
+        got.update(zip(map(id, pieces), data if data is not None else job.here(pieces), strict=True))
+    return [got[id(c)] if isinstance(c, Held) else c for c in chunks]
+
+
+def write_pieces(fd: int, chunks: Iterable[bytes | Held]) -> None:
+    """``chunks`` one after the other into ``fd`` (a regular file opened for writing, at its start):
+    the child writes the ``Held`` ones at their offsets while this process writes the rest; what
+    the child could not write (it failed or died) is then made and written here."""
+    mine, theirs, offset = [], [], 0
+    for chunk in chunks:
+        (theirs if isinstance(chunk, Held) else mine).append((offset, chunk))
+        offset += len(chunk)
+    places = {id(p): off for off, p in theirs}
+    jobs = _by_job([p for _, p in theirs])
+    asked = {
+        job: job.part.split.call(_part_write, (job.token, [(p.index, p.n, places[id(p)]) for p in pieces]), fd)
+        for job, pieces in jobs.items()
+    }
+    for off, data in mine:
+        pwrite_all(fd, data, off)
+    for job, pieces in jobs.items():
+        if asked[job]:
+            try:
+                job.part.split.reply()
+                continue
+            except ChildLost:
+                pass
+        for p, data in zip(pieces, job.here(pieces), strict=True):  # what the child did not write
+            pwrite_all(fd, data, places[id(p)])
+
+
+def _by_job(pieces: list[Held]) -> dict[_Held, list[Held]]:
+    out: dict[_Held, list[Held]] = {}
+    for p in pieces:
+        out.setdefault(p.job, []).append(p)
+    return out
+
+
+_HELD: dict[int, dict[int, list[bytes]]] = {}  # in the child: ``lanes_held`` token -> lane index -> its pieces
+
+
+def _part_hold(procs: dict[str, ProcessRec], arg: tuple) -> list[tuple[int, list[tuple[Any, int]]]]:
+    """In the child: ``_part_job``, keeping the pieces' bytes (``_HELD``) and sending their sizes."""
+    *job, token = arg
+    held = _HELD[token] = {}
+    out = []
+    for index, pieces in _part_job(procs, tuple(job)):
+        held[index] = [data for _, data in pieces]
+        out.append((index, [(key, len(data)) for key, data in pieces]))
+    return out
+
+
+def _part_fetch(procs: dict[str, ProcessRec], arg: tuple) -> list[bytes]:
+    token, wanted = arg
+    held = _HELD[token]
+    return [held[index][n] for index, n in wanted]
+
+
+def _part_write(procs: dict[str, ProcessRec], arg: tuple, fd: int) -> int:
+    """In the child: write held pieces into the parent's file (``fd``, its copy) at their offsets."""
+    token, places = arg
+    held = _HELD.pop(token)
+    for index, n, offset in places:
+        pwrite_all(fd, held[index][n], offset)
+    return len(places)

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..diagnose import Finding
+from ..diagnose import PREFIX, VERDICT, Finding
 from ..redact import redact_text
-from ..watchdog import PREFIX, VERDICT
 from .lanes import Bar, Lane, Layout
 from .units import duration
 
