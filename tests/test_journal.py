@@ -62,6 +62,26 @@ def test_writer_round_trip(tmp_path):
     assert len(records) == 5
 
 
+def test_spans_with_equal_attrs_share_them_after_their_ends_add_more(tmp_path):
+    """An ``end`` record's attrs make new ones for its span; spans whose begin and end attrs are
+    equal still share one dict (renderers build things once per attrs), and nothing leaks across."""
+    records = GOOD[:2]
+    for i, extra in enumerate(({"n": 1}, {"n": 1}, {"n": 2})):
+        span = f"{i + 1:016x}"
+        records += [
+            rec("begin", 5 + i, span=span, parent="a" * 16, trace="f" * 32, name="x", attrs={"sglang.phase": "x"}),
+            rec("end", 9 + i, span=span, status="ok", attrs=extra),
+        ]
+    write_lines(tmp_path / "journal" / "h-42.jsonl", journal_lines(records))
+    spans = [s for s in load_run(tmp_path).processes[0].spans.values() if s.name == "x"]
+    assert [s.attrs for s in spans] == [
+        {"sglang.phase": "x", "n": 1},
+        {"sglang.phase": "x", "n": 1},
+        {"sglang.phase": "x", "n": 2},
+    ]
+    assert spans[0].attrs is spans[1].attrs and spans[2].attrs is not spans[0].attrs
+
+
 def test_truncated_last_line_live_read_waits_final_read_reports(tmp_path):
     path = tmp_path / "journal" / "h-42.jsonl"
     cut = dumps(rec("end", 5, span="a" * 16, status="ok"))

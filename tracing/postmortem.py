@@ -134,9 +134,10 @@ def describe(ending: Ending, root: Ending | None) -> str:
     return text
 
 
-def findings(run: RunView, gone: dict[int, procs.Ended | None]) -> list[Finding]:
-    """One finding per rank that ended during init (kind ``died`` or ``failed``), root cause first."""
-    ends = endings(run, gone)
+def findings(run: RunView, gone: dict[int, procs.Ended | None], ends: list[Ending] | None = None) -> list[Finding]:
+    """One finding per rank that ended during init (kind ``died`` or ``failed``), root cause first
+    (``ends``: ``endings(run, gone)``, when the caller has them already)."""
+    ends = endings(run, gone) if ends is None else ends
     root = ends[0] if ends else None
     return [
         Finding(

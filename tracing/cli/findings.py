@@ -94,9 +94,10 @@ def findings(
     th = thresholds or Thresholds.from_env()
     began: dict[int, int] = {}  # id(finding) -> ns: when the trouble began
     try:
-        ended_at = {e.proc.pid: e.t for e in postmortem.endings(run, gone or {})}
+        ends: list[postmortem.Ending] | None = postmortem.endings(run, gone or {})
     except Exception:  # said below, where the same call fails again
-        ended_at = {}
+        ends = None
+    ended_at = {e.proc.pid: e.t for e in ends or ()}
     latest: dict[tuple[int, str], tuple[Finding, int]] = {}
     for proc in run.processes:
         for record in sorted(proc.diagnoses, key=lambda r: r["t"]):
@@ -120,7 +121,7 @@ def findings(
                 began[id(f)] = (when or {}).get(f.pid, now_ns - int(f.since_s * NS))
 
     try:
-        add(postmortem.findings(run, gone or {}), ended_at)
+        add(postmortem.findings(run, gone or {}, ends), ended_at)
         add(spawned.not_started(run, now_ns, th.stall_s, th.no_progress_s))
         add(analyze(run, now_ns, th))
     except Exception as exc:  # a verdict we cannot compute is said, not fatal
