@@ -107,6 +107,44 @@ def test_a_node_snapshot_puts_its_ranks_on_this_clock_and_node0_names_the_stalle
     assert not any(f.kind == "silent" for f in found)  # the skew is not taken for silence
 
 
+def test_a_rank_whose_peers_on_another_node_left_its_phase_is_named(tmp_path: Path) -> None:
+    """tp0 (node 0) sits in ``attention.init``; tp1 (node 1) ended it long ago and is in the next
+    phase, in no collective: node 1's snapshot sends only open phases, and says how many of each
+    phase ended and when, so node 0 still sees that its peer left tp0 behind."""
+    skew = 7 * S
+    now0 = time.time_ns()
+    t0 = now0 - 90 * S
+    _node(tmp_path / "n0", 0, 0, t0, now0, waits=False)
+    t1, trace = t0 - skew, f"{2:032x}"
+    root = records.begin(t1, f"{11:016x}", None, trace, "rank tp1", {keys.PHASE: "rank"}, "MainThread")
+    init = records.begin(
+        t1 + S, f"{21:016x}", root["span"], trace, "attention.init", {keys.PHASE: "attention.init"}, ""
+    )
+    graphs = records.begin(t1 + 3 * S, f"{31:016x}", root["span"], trace, "graph.init", {keys.PHASE: "graph.init"}, "")
+    beats = [_beat(101, "tp1", t, i) for i, t in enumerate(range(t1, now0 - skew, 2 * S))]
+    _journal(
+        tmp_path / "n1",
+        101,
+        "tp1",
+        "rank",
+        1,
+        t1,
+        [root, init, records.end(t1 + 2 * S, init["span"], "ok", {}), graphs, *beats],
+    )
+
+    snap = relay.decode(relay.encode(crossnode.snapshot(RunView(tmp_path / "n1").refresh(), 1, 1, now0 - skew)))
+    assert snap["procs"][0]["ended"] == {"attention.init": [1, t1 + 2 * S]}  # sent as a count, not as spans
+    view = RunView(tmp_path / "n0").refresh()
+    view.set_remote("node-1", crossnode.remote_processes(snap, now0 - snap["now"], "node-1"))
+    tp1 = next(p for p in view.ranks if p.label == "tp1")
+    assert tp1.ended("attention.init") == (1, t0 + 2 * S)  # on node 0's clock
+    found = analyze(view, now0, Thresholds(stall_s=30, blocked_s=8))
+    (named,) = [f for f in found if f.label == "tp0"]
+    assert named.kind == "straggler" and "peers left it: tp1" in named.message, named.message
+    bad = dict(snap, procs=[dict(snap["procs"][0], ended={"attention.init": ["1", -5], 3: [1, 1]})])
+    assert crossnode.remote_processes(bad, 0, "node-1")[0].dropped == {}  # a malformed summary is not used
+
+
 def test_ranks_waiting_at_the_rendezvous_say_what_they_wait_for(tmp_path: Path) -> None:
     now = time.time_ns()
     t0 = now - 60 * S

@@ -13,7 +13,8 @@ A launch with ``--nnodes N --node-rank k --dist-init-addr HOST:PORT`` runs one l
   never reaches the rendezvous keeps its own id; its spans carry ``sglang.node_rank`` and
   ``sglang.dist_init_addr`` as resource attributes, so they are still found.
 * **One view.** Each node's launcher publishes a snapshot of its processes (identity, open
-  phases, the latest heartbeats, collectives in flight: the same records as its journals) to that
+  phases, the latest heartbeats, collectives in flight: the same records as its journals; of the
+  phases that ended, how many per phase and the latest end: whether peers left a rank behind) to that
   store every heartbeat, through its own client connection (``tracing.relay``); node 0 reads every
   other node's and its watchdog diagnoses all ranks as one launch. Times are moved onto node 0's
   clock by the snapshot's own ``now`` at arrival (no comparison across clocks); a node whose
@@ -173,6 +174,12 @@ def snapshot(view: RunView, node: int, seq: int, now: int) -> dict[str, Any]:
         ]
         root = p.root
         shown = [s for s in p.spans.values() if s.status == "open" or s is root]
+        ended = {phase: list(n_last) for phase, n_last in p.dropped.items()}  # what it did not send, by phase
+        for s in p.spans.values():
+            if s.end is not None and s.status != "open" and s is not root:
+                got = ended.setdefault(s.phase, [0, 0])
+                got[0] += 1
+                got[1] = max(got[1], s.end)
         for s in shown:
             attrs = {k: v for k, v in s.attrs.items() if k in _KEPT_ATTRS}
             recs.append(records.begin(s.start, s.span_id, s.parent_id, s.trace_id, s.name, attrs, s.thread))
@@ -185,7 +192,7 @@ def snapshot(view: RunView, node: int, seq: int, now: int) -> dict[str, Any]:
         ]
         if p.exit is not None:
             recs.append(p.exit)
-        procs.append({"progress_t": p.last_progress_t, "records": recs})
+        procs.append({"progress_t": p.last_progress_t, "records": recs, "ended": ended})
     return {"v": 1, "node": node, "seq": seq, "now": now, "procs": procs}
 
 
@@ -210,8 +217,26 @@ def remote_processes(snap: dict[str, Any], offset_ns: int, source: str) -> list[
         proc.path = Path(source) / f"{proc.host}-{proc.pid}.jsonl"
         if isinstance(entry.get("progress_t"), int):
             proc.last_progress_t = entry["progress_t"] + offset_ns
+        proc.dropped = _ended(entry.get("ended"), offset_ns)
         proc.exit = next((r for r in told if r.get("pid") == proc.pid), None)
         out.append(proc)
+    return out
+
+
+def _ended(value: Any, offset_ns: int) -> dict[str, list[int]]:
+    """A snapshot's phases that ended and were not sent ({phase: [how many, latest end]}), moved onto
+    this clock (whether its peers left a rank behind: ``ProcessRec.ended``); a malformed one is not used."""
+    if not isinstance(value, dict):
+        return {}
+    out = {}
+    for phase, item in value.items():
+        if (
+            isinstance(phase, str)
+            and isinstance(item, list)
+            and len(item) == 2
+            and all(type(x) is int and x >= 0 for x in item)
+        ):
+            out[phase] = [item[0], item[1] + offset_ns]
     return out
 
 
