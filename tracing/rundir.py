@@ -217,6 +217,7 @@ class RunView:
         self.path = self.paths[0]
         self._tails: dict[Path, tuple[JournalTail, ProcessRec]] = {}
         self._status_problems: dict[Path, str] = {}  # status file -> the problem said about it
+        self._status: dict[Path, dict[str, Any] | None] = {}  # status file -> as read since the last refresh
         self._told: list[tuple[ProcessRec, dict[str, Any]]] = []  # (teller, ``exit`` record)
         self.remote: dict[str, list[ProcessRec]] = {}  # source (e.g. ``node-1``) -> processes it reported
         self.split: Split | None = None  # a forked child holds some processes whole (``refresh(split=True)``)
@@ -236,6 +237,7 @@ class RunView:
         ``split`` (with ``parallel``): the child keeps whole what it read and sends back what every
         verdict reads (a ``shallow`` read), and lays out and renders its processes' lanes on request
         (``self.split``, ``render.lanes.lanes_map``): a verb that renders every span of a large run."""
+        self._status = {}  # read again when next asked: fresher than the journals
         if self.split is not None:  # read more of a split view: whole, here
             self.split.whole()
             self.split = None
@@ -334,8 +336,15 @@ class RunView:
 
     def status_file(self, proc: ProcessRec) -> dict[str, Any] | None:
         """The process's latest heartbeat from its status file (fresher than the journal's), if it
-        is a valid ``heartbeat`` record; a bad one is reported once in ``problems``."""
+        is a valid ``heartbeat`` record; a bad one is reported once in ``problems``. Read once per
+        ``refresh`` (every verdict of a pass reads the same)."""
         path = self.dir_of(proc) / STATUS_DIR / f"{proc.path.stem}.json"
+        if path in self._status:
+            return self._status[path]
+        record = self._status[path] = self._read_status(path)
+        return record
+
+    def _read_status(self, path: Path) -> dict[str, Any] | None:
         try:
             record = _loads(read_regular(path, limit=STATUS_MAX))
         except FileNotFoundError:
