@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from rich.console import Console
+from rich.text import Text
 
 from ..render.term import clean
 from ..rundir import JOURNAL_DIR, RunView, load_run
@@ -155,3 +156,14 @@ def make_console(width: int | None = None) -> Console:
     if width is None and not console.is_terminal:
         console = Console(highlight=False, width=max(console.width, 200), soft_wrap=True)
     return console
+
+
+def print_lines(console: Console, lines: Iterable[Text]) -> None:
+    """``console.print`` of each line; where it would write no colours (a pipe, a file, NO_COLOR),
+    their text at once: the same bytes, without rich rendering a thousand lanes one by one."""
+    if console.color_system is not None or console.is_terminal or console.record:
+        for line in lines:
+            console.print(line)
+        return
+    console.file.write("".join(f"{line.plain}\n" for line in lines))
+    console.file.flush()

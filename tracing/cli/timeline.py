@@ -6,7 +6,7 @@ import argparse
 
 from ..render.lanes import layout
 from ..render.timeline_text import render_timeline
-from .command import RUN_DIRS_HELP, make_console, open_run
+from .command import RUN_DIRS_HELP, make_console, open_run, print_lines
 
 
 class Timeline:
@@ -37,6 +37,5 @@ capitals; a phase that never ended (still running, or the process died there) en
         depth = max(0, args.depth)
         lay = layout(open_run(*args.run_dirs, split=True), depth=depth)  # each lane's rows drawn where it was read
         console = make_console(args.width)
-        for line in render_timeline(lay, width=console.width, depth=max(0, args.depth)):
-            console.print(line)
+        print_lines(console, render_timeline(lay, width=console.width, depth=max(0, args.depth)))
         return 0
