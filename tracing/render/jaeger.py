@@ -75,18 +75,22 @@ def _process(lane: Lane) -> dict[str, Any]:
     return {"serviceName": f"{service} {lane.label}", "tags": [tag(k, v) for k, v in attrs.items()]}
 
 
-def _span(bar: Bar, process_id: str, flags: Marks) -> dict[str, Any]:
+def _span_json(bar: Bar, process_id: str, flags: Marks) -> bytes:
+    """``dumps(_span(...))``. Most spans are phases that ended well with nothing to flag: their
+    tags' JSON is made once per distinct attrs (``_tags_json``), the rest of the object per span."""
     s = bar.span
     if (
-        s.status == "ok"
-        and s.end is not None
-        and not s.events
-        and not s.error
-        and bar.uid not in flags.culprit
-        and bar.uid not in flags.waiting_for
-    ):  # most spans: a phase that ended well, nothing to flag (the tags list is shared)
-        parent = bar.parent
-        return {
+        s.status != "ok"
+        or s.end is None
+        or s.events
+        or s.error
+        or bar.uid in flags.culprit
+        or bar.uid in flags.waiting_for
+    ):
+        return dumps(_span(bar, process_id, flags))
+    parent = bar.parent
+    head = dumps(
+        {
             "traceID": s.trace_id,
             "spanID": bar.uid,
             "operationName": s.name,
@@ -96,11 +100,38 @@ def _span(bar: Bar, process_id: str, flags: Marks) -> dict[str, Any]:
             "flags": 1,
             "startTime": s.start // 1000,
             "duration": max(0, s.end - s.start) // 1000,
-            "tags": _attr_tags(s.attrs, "ok", bar.attrs_id),
-            "logs": [],
-            "processID": process_id,
-            "warnings": None,
         }
+    )
+    return b"".join(
+        (
+            head[:-1],
+            b',"tags":',
+            _tags_json(s.attrs, bar.attrs_id),
+            b',"logs":[],"processID":',
+            dumps(process_id),
+            b',"warnings":null}',
+        )
+    )
+
+
+def _tags_json(attrs: dict[str, Any], attrs_id: int) -> bytes:
+    """``dumps`` of the tags of a span that ended well (``_attr_tags`` with status ok), once per ``attrs_id``."""
+    hit = _tags_bytes.get(attrs_id) if attrs_id >= 0 else None
+    if hit is None:
+        hit = dumps(_attr_tags(attrs, "ok", attrs_id))
+        if attrs_id >= 0:
+            if len(_tags_bytes) > 100_000:
+                _tags_bytes.clear()
+            _tags_bytes[attrs_id] = hit
+    return hit
+
+
+_tags_bytes: dict[int, bytes] = {}  # ``Bar.attrs_id`` (never reused) -> its tags' JSON
+
+
+def _span(bar: Bar, process_id: str, flags: Marks) -> dict[str, Any]:
+    """A span that needs more than its attributes as tags (open, failed, flagged, with events)."""
+    s = bar.span
     tags = list(_attr_tags(s.attrs, None, bar.attrs_id))
     verdict = flags.culprit.get(bar.uid)
     tags.append(tag("otel.status_code", "ERROR" if verdict else {"ok": "OK", "open": "UNSET"}.get(s.status, "ERROR")))
@@ -191,4 +222,4 @@ def lane_spans(lane: Lane, arg: tuple[dict[str, str], str, dict[str, str]]) -> l
     groups: dict[str, list[Bar]] = {}
     for bar in lane.bars:
         groups.setdefault(bar.span.trace_id, []).append(bar)
-    return [(trace, dumps([_span(bar, process_id, flags) for bar in bars])[1:-1]) for trace, bars in groups.items()]
+    return [(trace, b",".join([_span_json(bar, process_id, flags) for bar in bars])) for trace, bars in groups.items()]
