@@ -462,7 +462,7 @@ class _Child:
     SHARE = 0.45  # of the bytes: the parent also unpacks what the child read
     SHALLOW_SHARE = 0.5  # a ``shallow`` read: little is sent back
     PIPE_BYTES = 1 << 20
-    SPLIT_SHARE = 0.45  # ``serve``: each lays out and renders what it read; the child also packs a shallow state
+    SPLIT_SHARE = 0.5  # ``serve``: each lays out and renders what it read (the parent also unpacks the shallow state)
 
     def __init__(
         self, pid: int, fd: int, first: int, journals: list[Path], cmd: int = -1, fds: socket.socket | None = None
