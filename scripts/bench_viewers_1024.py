@@ -11,7 +11,9 @@ rank. Its launcher journal is kept. Each verb runs as a new ``phasetrace`` proce
 included, output to /dev/null); the best of ``--repeat`` runs is shown with its ratio to the 2 s goal
 and to the floor measured in the same run: reading and parsing every journal line by line with
 orjson in one process (the issue's yardstick: ≈ 1.1 s for its 360 MB, so its 2 s goal is ≈ 1.8 floors).
-Machines differ several-fold (this one parsed 178 MB in 1.1-1.4 s); the floor ratio travels.
+Bytecode is cached as deployed (one warm-up run per verb writes it).
+Machines differ several-fold, and this VM by 2x within an hour (it parsed 178 MB in 0.5-1.4 s);
+the floor ratio travels better.
 """
 
 from __future__ import annotations
@@ -129,11 +131,15 @@ def floor_s(run: Path, repeat: int) -> float:
 
 
 def best_of(argv: list[str], repeat: int) -> float:
+    """The best of ``repeat`` runs after one that writes its bytecode (as a pip install has it:
+    ``PYTHONDONTWRITEBYTECODE`` is dropped, else every run compiles the CLI's modules anew)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     best = float("inf")
-    for _ in range(repeat):
+    for n in range(repeat + 1):
         tic = time.perf_counter()
-        done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
-        best = min(best, time.perf_counter() - tic)
+        done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False, env=env)
+        if n:
+            best = min(best, time.perf_counter() - tic)
         if done.returncode not in (0, 3, 4):
             raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.decode()[-2000:]}")
     return best
