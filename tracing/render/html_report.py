@@ -135,27 +135,27 @@ def lane_values(lane: Lane, _: Any = None) -> tuple[list[str], list[str], list[t
             if bar.attrs_id in seen:
                 continue
             seen.add(bar.attrs_id)
-            key, short = _by_attrs_id(bar)
-        else:
-            shown = _shown(bar)
-            key, short = _attrs_key(shown), None
-        if key not in attrs:
-            attrs[key] = short if short is not None else {k: _short(v) for k, v in _shown(bar).items()}
+        key, short = _tooltip(bar)
+        attrs.setdefault(key, short)
     return list(keys), list(names), list(attrs.items())
 
 
-def _by_attrs_id(bar: Bar) -> tuple[Any, dict[str, Any]]:
-    """(``_attrs_key``, values shortened) of a bar's attrs, made once per ``Bar.attrs_id`` (ranks share them)."""
-    hit = _SHORTENED.get(bar.attrs_id)
+def _tooltip(bar: Bar) -> tuple[Any, dict[str, Any]]:
+    """(``_attrs_key``, values shortened) of what a bar's tooltip shows (``_shown``): made once per
+    ``Bar.attrs_id`` (ranks share them) where no error adds to it."""
+    cached = bar.attrs_id >= 0 and not bar.span.error
+    hit = _TOOLTIPS.get(bar.attrs_id) if cached else None
     if hit is None:
-        if len(_SHORTENED) > 100_000:
-            _SHORTENED.clear()
-        attrs = bar.span.attrs
-        hit = _SHORTENED[bar.attrs_id] = (_attrs_key(attrs), {k: _short(v) for k, v in attrs.items()})
+        shown = _shown(bar)
+        hit = (_attrs_key(shown), {k: _short(v) for k, v in shown.items()})
+        if cached:
+            if len(_TOOLTIPS) > 100_000:
+                _TOOLTIPS.clear()
+            _TOOLTIPS[bar.attrs_id] = hit
     return hit
 
 
-_SHORTENED: dict[int, tuple[Any, dict[str, Any]]] = {}  # ``Bar.attrs_id`` (never reused) -> ``_by_attrs_id``
+_TOOLTIPS: dict[int, tuple[Any, dict[str, Any]]] = {}  # ``Bar.attrs_id`` (never reused) -> ``_tooltip``
 
 
 def lane_rows(lane: Lane, arg: tuple) -> bytes:
@@ -175,10 +175,9 @@ def lane_rows(lane: Lane, arg: tuple) -> bytes:
             flags |= SLOWEST
         a = by_id.get(bar.attrs_id) if not s.error else None  # equal attrs: one id (``Bar.attrs_id``)
         if a is None:
+            a = attr_index[_tooltip(bar)[0]]
             if not s.error and bar.attrs_id >= 0:
-                a = by_id[bar.attrs_id] = attr_index[_by_attrs_id(bar)[0]]
-            else:
-                a = attr_index[_attrs_key(_shown(bar))]
+                by_id[bar.attrs_id] = a
         rows.append(
             [
                 (s.start - start) // 1000,
