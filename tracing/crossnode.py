@@ -174,12 +174,7 @@ def snapshot(view: RunView, node: int, seq: int, now: int) -> dict[str, Any]:
         ]
         root = p.root
         shown = [s for s in p.spans.values() if s.status == "open" or s is root]
-        ended = {phase: list(n_last) for phase, n_last in p.dropped.items()}  # what it did not send, by phase
-        for s in p.spans.values():
-            if s.end is not None and s.status != "open" and s is not root:
-                got = ended.setdefault(s.phase, [0, 0])
-                got[0] += 1
-                got[1] = max(got[1], s.end)
+        ended = p.ended_phases({s.span_id for s in shown})  # of the phases that ended, what it does not send
         for s in shown:
             attrs = {k: v for k, v in s.attrs.items() if k in _KEPT_ATTRS}
             recs.append(records.begin(s.start, s.span_id, s.parent_id, s.trace_id, s.name, attrs, s.thread))

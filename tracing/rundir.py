@@ -24,7 +24,7 @@ import socket
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from pathlib import Path
@@ -137,6 +137,18 @@ class ProcessRec:
         ends = [s.end for s in self.spans.values() if s.end is not None and s.phase == phase]
         n, last = self.dropped.get(phase, (0, 0))
         return len(ends) + n, max([*ends, last]) if ends or n else None
+
+    def ended_phases(self, sent: Container[str] = ()) -> dict[str, list[int]]:
+        """Per phase, how many of its spans ended and the latest end: those not in ``sent`` (span
+        ids kept elsewhere) and those a shallow read already left out (``dropped``)."""
+        out = {phase: list(n_last) for phase, n_last in self.dropped.items()}
+        for sid, span in self.spans.items():
+            if span.end is not None and sid not in sent:
+                got = out.setdefault(span.phase, [0, 0])
+                got[0] += 1
+                if span.end > got[1]:
+                    got[1] = span.end
+        return out
 
     @property
     def waiting_in(self) -> dict[str, Any] | None:
@@ -812,18 +824,8 @@ def _shallow(proc: ProcessRec, depth: int, levels: dict[str, int]) -> list[SpanR
         while sid is not None and sid not in keep:  # with its ancestors in this process
             keep.add(sid)
             sid = spans[sid].parent_id if sid in spans else None
-    dropped: dict[str, list[int]] = {}
-    sent = []
-    for sid, span in spans.items():
-        if sid in keep:
-            sent.append(span)
-        else:
-            got = dropped.setdefault(span.attrs.get(phase_of, span.name), [0, 0])
-            got[0] += 1
-            if span.end > got[1]:
-                got[1] = span.end
-    proc.dropped = dropped
-    return sent
+    proc.dropped = proc.ended_phases(keep)  # all that is not kept ended (a whole state: nothing dropped yet)
+    return [span for sid, span in spans.items() if sid in keep]
 
 
 def _unpack(path: Path, item: tuple) -> tuple[JournalTail, ProcessRec]:
