@@ -75,43 +75,26 @@ def _process(lane: Lane) -> dict[str, Any]:
     return {"serviceName": f"{service} {lane.label}", "tags": [tag(k, v) for k, v in attrs.items()]}
 
 
-def _span_json(bar: Bar, process_id: str, flags: Marks) -> bytes:
-    """``dumps(_span(...))``. Most spans are phases that ended well with nothing to flag: their
-    tags' JSON is made once per distinct attrs (``_tags_json``), the rest of the object per span."""
-    s = bar.span
-    if (
-        s.status != "ok"
-        or s.end is None
-        or s.events
-        or s.error
-        or bar.uid in flags.culprit
-        or bar.uid in flags.waiting_for
-    ):
-        return dumps(_span(bar, process_id, flags))
-    parent = bar.parent
-    head = dumps(
-        {
-            "traceID": s.trace_id,
-            "spanID": bar.uid,
-            "operationName": s.name,
-            "references": [{"refType": "CHILD_OF", "traceID": s.trace_id, "spanID": parent.uid}]
-            if parent is not None and parent.span.trace_id == s.trace_id
-            else [],
-            "flags": 1,
-            "startTime": s.start // 1000,
-            "duration": max(0, s.end - s.start) // 1000,
-        }
-    )
-    return b"".join(
-        (
-            head[:-1],
-            b',"tags":',
-            _tags_json(s.attrs, bar.attrs_id),
-            b',"logs":[],"processID":',
-            dumps(process_id),
-            b',"warnings":null}',
-        )
-    )
+# A span that ended well with nothing to flag (most of them): ``dumps(_span(...))``, byte for byte,
+# with its tags' JSON made once per distinct attrs (``_tags_json``) and the rest formatted in place.
+_OK_SPAN = (
+    b'{"traceID":%b,"spanID":%b,"operationName":%b,"references":%b,"flags":1,"startTime":%d,'
+    b'"duration":%d,"tags":%b,"logs":[],"processID":%b,"warnings":null}'
+)
+_CHILD_OF = b'[{"refType":"CHILD_OF","traceID":%b,"spanID":%b}]'
+
+
+class _Texts(dict):
+    """Text -> its JSON: trace ids and phase names repeat across every span of a run."""
+
+    def __missing__(self, text: str) -> bytes:
+        if len(self) > 100_000:
+            self.clear()
+        hit = self[text] = dumps(text)
+        return hit
+
+
+_TEXTS = _Texts()
 
 
 def _tags_json(attrs: dict[str, Any], attrs_id: int) -> bytes:
@@ -219,7 +202,34 @@ def lane_spans(lane: Lane, arg: tuple[dict[str, str], str, dict[str, str]]) -> l
     in order of first appearance (``lanes_map``: in the process holding them)."""
     flags = Marks(arg[0], arg[1], arg[2])
     process_id = f"p{lane.index + 1}"
-    groups: dict[str, list[Bar]] = {}
+    pid_json, texts, tags_of = dumps(process_id), _TEXTS, _tags_bytes
+    flagged = flags.culprit.keys() | flags.waiting_for.keys()
+    groups: dict[str, list[bytes]] = {}
     for bar in lane.bars:
-        groups.setdefault(bar.span.trace_id, []).append(bar)
-    return [(trace, b",".join([_span_json(bar, process_id, flags) for bar in bars])) for trace, bars in groups.items()]
+        s = bar.span
+        trace = s.trace_id
+        items = groups.get(trace)
+        if items is None:
+            items = groups[trace] = []
+        end = s.end
+        if s.status != "ok" or end is None or s.events or s.error or (flagged and bar.uid in flagged):
+            items.append(dumps(_span(bar, process_id, flags)))
+            continue
+        aid, parent, trace_json = bar.attrs_id, bar.parent, texts[trace]
+        tags = tags_of.get(aid) if aid >= 0 else None
+        items.append(
+            _OK_SPAN
+            % (
+                trace_json,
+                dumps(bar.uid),
+                texts[s.name],
+                _CHILD_OF % (trace_json, dumps(parent.uid))
+                if parent is not None and parent.span.trace_id == trace
+                else b"[]",
+                s.start // 1000,
+                (end - s.start) // 1000 if end > s.start else 0,
+                tags if tags is not None else _tags_json(s.attrs, aid),
+                pid_json,
+            )
+        )
+    return [(trace, b",".join(items)) for trace, items in groups.items()]
