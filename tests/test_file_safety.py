@@ -418,3 +418,28 @@ def test_sglang_ranks_start_on_a_read_only_base_with_one_warning_each(tiny_model
         f"cannot write {base}/" in line and "[Errno 30] Read-only file system; tracing off in this process" in line
         for line in lines
     )
+
+
+@pytest.mark.parametrize("verb", [["export", "--format", "jaeger"], ["export", "--format", "perfetto"], ["report"]])
+def test_what_the_cli_writes_is_private_and_a_link_at_it_is_replaced(verb: list[str], tmp_path: Path) -> None:
+    """An export or a report holds the run's (redacted) arguments and stacks: made like the run's own
+    files whatever the umask, and a link planted at the chosen path is not written through."""
+    from cli_fixtures import build_run
+    from sglang_phasetrace.tracing.cli import main
+
+    run = build_run(tmp_path / "run", ranks=2, spans=10).path
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    linked, fresh = tmp_path / "linked.out", tmp_path / "new" / "dirs" / "fresh.out"
+    linked.symlink_to(victim)
+    old = os.umask(0o022)
+    try:
+        for out in (linked, fresh):
+            assert main([verb[0], str(run), *verb[1:], "-o", str(out)]) == 0
+    finally:
+        os.umask(old)
+    assert victim.read_text() == "precious\n" and not linked.is_symlink()
+    for out in (linked, fresh):
+        assert stat.S_IMODE(out.lstat().st_mode) == 0o600 and out.stat().st_size > 0
+    assert {stat.S_IMODE(d.stat().st_mode) for d in (fresh.parent, fresh.parent.parent)} == {0o700}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["linked.out", "new", "run", "victim.txt"]  # no temp left

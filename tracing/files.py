@@ -12,6 +12,7 @@ import logging
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from . import process_state
@@ -116,17 +117,29 @@ def say_once(path: Path, exc: OSError, consequence: str) -> None:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically: a fresh 0600 temp file of random name beside it
-    (``O_EXCL|O_NOFOLLOW``: never a planted link), then ``os.replace``. The temp is removed on
-    failure; a link at ``path`` itself is replaced, never followed."""
+    """Replace ``path`` with ``data`` atomically (``write_new``)."""
+    write_new(path, lambda fd: write_all(fd, data))
+
+
+def write_new(path: Path, write: Callable[[int], None], swap: bool = True) -> None:
+    """Replace ``path`` with what ``write(fd)`` writes: into a fresh 0600 temp file of random name
+    beside it (``O_EXCL|O_NOFOLLOW``: never a planted link), then ``os.replace``. The temp is
+    removed on failure; a link at ``path`` itself is replaced, never followed. ``swap=False``: the
+    old file is removed just before the rename (a reader may find none for that instant), since
+    ext4 writes a file renamed over another out at once: +0.2-0.3 s for a 250 MB export."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     fd = os.open(tmp, _O_NEW, _FILE_MODE)
     try:
         try:
-            write_all(fd, data)
+            write(fd)
         finally:
             os.close(fd)
+        if not swap:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -114,17 +114,20 @@ def report_problems(run: RunView, said: set[str] | None = None) -> None:
 
 
 def write_output(data: str | bytes, output: str | None) -> None:
-    """To ``output`` (a file path, ``-`` for stdout) or stdout."""
+    """To ``output`` (a file path, ``-`` for stdout) or stdout. A file is made as the run's own are
+    (``tracing.files``): 0600, missing directories 0700, a link at the path replaced, not followed."""
     raw = data.encode("utf-8") if isinstance(data, str) else data
     if output in (None, "-"):
         sys.stdout.flush()
         sys.stdout.buffer.write(raw) if hasattr(sys.stdout, "buffer") else sys.stdout.write(raw.decode())
         sys.stdout.flush()
         return
+    from .. import files  # not loaded for --help
+
     path = Path(output)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(raw)
+        _output_dir(path)
+        files.write_new(path, lambda fd: files.write_all(fd, raw), swap=False)
     except OSError as exc:
         raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from None
 
@@ -132,6 +135,7 @@ def write_output(data: str | bytes, output: str | None) -> None:
 def write_chunks(chunks: Iterable[bytes | Held], output: str | None) -> None:
     """``write_output`` of a document made a piece at a time (a large export; ``Held`` pieces are
     a split run's child's, written there: ``render.lanes.write_pieces``)."""
+    from .. import files
     from ..render.lanes import resolve, write_pieces  # a bulk verb's: not loaded for --help
 
     if output in (None, "-"):
@@ -143,11 +147,18 @@ def write_chunks(chunks: Iterable[bytes | Held], output: str | None) -> None:
         return
     path = Path(output)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("wb") as f:
-            write_pieces(f.fileno(), chunks)
+        _output_dir(path)
+        files.write_new(path, lambda fd: write_pieces(fd, chunks), swap=False)
     except OSError as exc:
         raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _output_dir(path: Path) -> None:
+    """The output's missing directories, made 0700; an existing one is the user's choice, as is."""
+    from .. import files
+
+    if not os.path.isdir(path.parent):
+        files.private_dir(path.parent)
 
 
 def make_console(width: int | None = None) -> Console:
