@@ -420,10 +420,12 @@ def test_sglang_ranks_start_on_a_read_only_base_with_one_warning_each(tiny_model
     )
 
 
-@pytest.mark.parametrize("verb", [["export", "--format", "jaeger"], ["export", "--format", "perfetto"], ["report"]])
+@pytest.mark.parametrize(
+    "verb", [["export", "--format", "jaeger"], ["export", "--format", "perfetto"], ["report"], ["bundle"]]
+)
 def test_what_the_cli_writes_is_private_and_a_link_at_it_is_replaced(verb: list[str], tmp_path: Path) -> None:
-    """An export or a report holds the run's (redacted) arguments and stacks: made like the run's own
-    files whatever the umask, and a link planted at the chosen path is not written through."""
+    """An export, a report or a bundle holds the run's (redacted) arguments and stacks: each is made
+    like the run's own files whatever the umask, and a link planted at its path is not written through."""
     from cli_fixtures import build_run
     from sglang_phasetrace.tracing.cli import main
 

@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import re
-import secrets
 import shutil
 import stat
 import subprocess
@@ -39,7 +38,7 @@ from ..render.timeline_text import render_timeline
 from ..render.units import duration, size
 from ..render.verdict import headline, line, rank_lanes, state
 from ..rundir import JOURNAL_DIR, STACKS_DIR, STATUS_DIR, RunView
-from .command import CommandError, open_run
+from .command import CommandError, open_run, write_file
 from .findings import by_process, findings, gone_ranks
 
 TOP = "phasetrace-bundle"
@@ -464,25 +463,17 @@ def summary(runs: list[dict[str, Any]], found_versions: dict[str, str], bundle: 
 
 
 def write_archive(members: dict[str, bytes], output: Path) -> None:
-    """A gzipped tar of regular 0600 members, written to a fresh 0600 file beside ``output`` and
-    renamed over it (a link at ``output`` is replaced, never followed)."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w:gz") as tar:
+    """A gzipped tar of regular 0600 members, written as every output is (``command.write_file``)."""
+
+    def write(fd: int) -> None:
+        with os.fdopen(fd, "wb", closefd=False) as f, tarfile.open(fileobj=f, mode="w:gz") as tar:
             now = time.time()
             for name, data in members.items():
                 info = tarfile.TarInfo(name)
                 info.size, info.mode, info.mtime, info.type = len(data), 0o600, now, tarfile.REGTYPE
                 tar.addfile(info, io.BytesIO(data))
-        os.replace(tmp, output)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+
+    write_file(output, write)
 
 
 def make_bundle(run_dirs: list[str], output: Path) -> Bundle:

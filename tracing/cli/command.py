@@ -7,7 +7,7 @@ import os
 import stat
 import sys
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -114,28 +114,21 @@ def report_problems(run: RunView, said: set[str] | None = None) -> None:
 
 
 def write_output(data: str | bytes, output: str | None) -> None:
-    """To ``output`` (a file path, ``-`` for stdout) or stdout. A file is made as the run's own are
-    (``tracing.files``): 0600, missing directories 0700, a link at the path replaced, not followed."""
+    """To ``output``: a file (``write_file``), or stdout for ``-`` or none."""
     raw = data.encode("utf-8") if isinstance(data, str) else data
     if output in (None, "-"):
         sys.stdout.flush()
         sys.stdout.buffer.write(raw) if hasattr(sys.stdout, "buffer") else sys.stdout.write(raw.decode())
         sys.stdout.flush()
         return
-    from .. import files  # not loaded for --help
+    from ..files import write_all  # not loaded for --help
 
-    path = Path(output)
-    try:
-        _output_dir(path)
-        files.write_new(path, lambda fd: files.write_all(fd, raw), swap=False)
-    except OSError as exc:
-        raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from None
+    _write_named(Path(output), lambda fd: write_all(fd, raw))
 
 
 def write_chunks(chunks: Iterable[bytes | Held], output: str | None) -> None:
     """``write_output`` of a document made a piece at a time (a large export; ``Held`` pieces are
     a split run's child's, written there: ``render.lanes.write_pieces``)."""
-    from .. import files
     from ..render.lanes import resolve, write_pieces  # a bulk verb's: not loaded for --help
 
     if output in (None, "-"):
@@ -145,20 +138,25 @@ def write_chunks(chunks: Iterable[bytes | Held], output: str | None) -> None:
             out.write(chunk) if out is not None else sys.stdout.write(chunk.decode())
         sys.stdout.flush()
         return
-    path = Path(output)
+    _write_named(Path(output), lambda fd: write_pieces(fd, chunks))
+
+
+def _write_named(path: Path, write: Callable[[int], None]) -> None:
     try:
-        _output_dir(path)
-        files.write_new(path, lambda fd: write_pieces(fd, chunks), swap=False)
+        write_file(path, write)
     except OSError as exc:
         raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def _output_dir(path: Path) -> None:
-    """The output's missing directories, made 0700; an existing one is the user's choice, as is."""
+def write_file(path: Path, write: Callable[[int], None]) -> None:
+    """An output file, made as the run's own are (``tracing.files``): what ``write(fd)`` writes, to a
+    fresh 0600 file beside ``path`` renamed onto it (a link there is replaced, not written through);
+    missing directories made 0700, an existing one used as the user chose it."""
     from .. import files
 
     if not os.path.isdir(path.parent):
         files.private_dir(path.parent)
+    files.write_new(path, write, swap=False)  # nothing reads an output live
 
 
 def make_console(width: int | None = None) -> Console:
