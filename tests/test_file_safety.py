@@ -18,8 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_fixtures import build_run
 from conftest import ROOT, free_port, requires_sglang, run_program
 from sglang_phasetrace.tracing import files, heartbeat, journal, process_state, runtime, spans
+from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.journal import JournalWriter, read_journal
 from sglang_phasetrace.tracing.rundir import load_run
 
@@ -426,9 +428,6 @@ def test_sglang_ranks_start_on_a_read_only_base_with_one_warning_each(tiny_model
 def test_what_the_cli_writes_is_private_and_a_link_at_it_is_replaced(verb: list[str], tmp_path: Path) -> None:
     """An export, a report or a bundle holds the run's (redacted) arguments and stacks: each is made
     like the run's own files whatever the umask, and a link planted at its path is not written through."""
-    from cli_fixtures import build_run
-    from sglang_phasetrace.tracing.cli import main
-
     run = build_run(tmp_path / "run", ranks=2, spans=10).path
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")

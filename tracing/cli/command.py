@@ -123,7 +123,7 @@ def write_output(data: str | bytes, output: str | None) -> None:
         return
     from ..files import write_all  # not loaded for --help
 
-    _write_named(Path(output), lambda fd: write_all(fd, raw))
+    write_file(Path(output), lambda fd: write_all(fd, raw))
 
 
 def write_chunks(chunks: Iterable[bytes | Held], output: str | None) -> None:
@@ -138,25 +138,22 @@ def write_chunks(chunks: Iterable[bytes | Held], output: str | None) -> None:
             out.write(chunk) if out is not None else sys.stdout.write(chunk.decode())
         sys.stdout.flush()
         return
-    _write_named(Path(output), lambda fd: write_pieces(fd, chunks))
-
-
-def _write_named(path: Path, write: Callable[[int], None]) -> None:
-    try:
-        write_file(path, write)
-    except OSError as exc:
-        raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from None
+    write_file(Path(output), lambda fd: write_pieces(fd, chunks))
 
 
 def write_file(path: Path, write: Callable[[int], None]) -> None:
     """An output file, made as the run's own are (``tracing.files``): what ``write(fd)`` writes, to a
     fresh 0600 file beside ``path`` renamed onto it (a link there is replaced, not written through);
-    missing directories made 0700, an existing one used as the user chose it."""
+    missing directories made 0700, an existing one used as the user chose it. ``CommandError``
+    naming the path if that fails."""
     from .. import files
 
-    if not os.path.isdir(path.parent):
-        files.private_dir(path.parent)
-    files.write_new(path, write, swap=False)  # nothing reads an output live
+    try:
+        if not os.path.isdir(path.parent):
+            files.private_dir(path.parent)
+        files.write_new(path, write, swap=False)  # nothing reads an output live
+    except OSError as exc:
+        raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def make_console(width: int | None = None) -> Console:
