@@ -125,14 +125,14 @@ class Watchdog:
         line = f"{PREFIX} {word} {finding.message}"
         if finding.stacks:
             line += f"; stacks: {', '.join(finding.stacks)}"
+        if self.record is not None:  # first: whoever saw the line finds the record in the journal
+            self.record(diagnosis_record(finding))
         print(line, file=self.out, flush=True)
         from .hints import for_finding
 
         for hint in (h for h in for_finding(finding, self.run) if h not in self.hints_said):
             self.hints_said.add(hint)
             print(f"{PREFIX} {hint}", file=self.out, flush=True)
-        if self.record is not None:
-            self.record(diagnosis_record(finding))
         if not self.quick:
             self._export(finding, involved)
 
