@@ -14,7 +14,10 @@ phases as ``begin`` records (``sglang.phase``, a group name, the tp rank), ``--b
 
 Prints per size: store operations per heartbeat (measured, all nodes), one node's payload
 (compressed / raw), what node 0 reads per pass (keys, bytes), its read latency p50/p95 and decode
-time, and the store master's CPU (the load the channel puts on rank 0's process).
+time, and the store master's CPU (the load the channel puts on rank 0's process). Then, on the
+payloads of the last pass, decode + validate per pass before issue 29 (``json.loads`` of the whole
+value, then ``records.validate`` per record) and now (msgspec into ``tracing.snapshot.Snapshot``:
+types, sizes, ranges, depth; then the records as dicts), and their ratio.
 
     python scripts/bench_crossnode.py [--sizes 8,64] [--ranks 8] [--seconds 20] [--beats 4]
 """
@@ -227,8 +230,43 @@ def cpu_s(proc: psutil.Process) -> float:
     return t.user + t.system
 
 
+def decode_validate_before(data: bytes) -> int:
+    """What node 0 did per payload before issue 29 (kept here as the baseline): the whole value
+    decoded by ``json.loads`` (recursive, unbounded in depth), then each record ``records.validate``d
+    (in ``remote_processes``). Returns the records it would use."""
+    from sglang_phasetrace.tracing import records
+
+    snap = json.loads(zlib.decompressobj().decompress(data, 16 << 20))
+    return sum(records.validate(r) is None for entry in snap.get("procs") or () for r in entry.get("records") or ())
+
+
+def decode_validate_after(data: bytes) -> int:
+    """What node 0 does now: msgspec decodes into the schema (types, sizes, ranges, depth: nothing
+    the journal's ``records.validate`` refuses gets through), then the records as the dicts readers
+    use (``crossnode.remote_processes``)."""
+    import msgspec
+    from sglang_phasetrace.tracing.relay import decode
+    from sglang_phasetrace.tracing.snapshot import Snapshot
+
+    return sum(len(msgspec.to_builtins(entry.records)) for entry in decode(data, Snapshot).procs)
+
+
+def decode_validate(payloads: list[bytes], repeat: int = 7) -> tuple[float, float]:
+    """Median ms per pass (every payload once) of the path before and now, interleaved, same payloads."""
+    before, after = [], []
+    assert sum(map(decode_validate_before, payloads)) == sum(map(decode_validate_after, payloads))
+    for _ in range(repeat):
+        for fn, times in ((decode_validate_before, before), (decode_validate_after, after)):
+            t0 = time.perf_counter()
+            for data in payloads:
+                fn(data)
+            times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(before), 1000 * statistics.median(after)
+
+
 def run(nnodes: int, args: argparse.Namespace) -> dict[str, Any]:
     from sglang_phasetrace.tracing.relay import decode
+    from sglang_phasetrace.tracing.snapshot import Snapshot
 
     p = port()
     master = subprocess.Popen([sys.executable, "-c", MASTER, str(p)], stdout=subprocess.PIPE, text=True)
@@ -286,10 +324,10 @@ def run(nnodes: int, args: argparse.Namespace) -> dict[str, Any]:
             got = relay.read()
             lat.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            snaps = [decode(v) for v in got.values()]
+            snaps = [decode(v, Snapshot) for v in got.values()]
             dec.append(time.perf_counter() - t0)
             raw = sum(len(zlib.decompress(v)) for v in got.values())
-            assert all(s["node"] == k for k, s in zip(got, snaps, strict=True))
+            assert all(s.node == k for k, s in zip(got, snaps, strict=True))
             got_keys.append(len(got))
             got_bytes.append(sum(map(len, got.values())))
             raw_bytes.append(raw)
@@ -297,6 +335,7 @@ def run(nnodes: int, args: argparse.Namespace) -> dict[str, Any]:
             next_t += args.heartbeat
         wall = time.monotonic() - w0
         master_pct = 100 * (cpu_s(mproc) - c0) / wall
+        dv_before, dv_after = decode_validate(list(got.values()))
         pub_ops: dict[str, int] = {}
         sets_per_beat, encode_s, sizes = 0.0, [], []
         for child in children[1:]:
@@ -328,6 +367,8 @@ def run(nnodes: int, args: argparse.Namespace) -> dict[str, Any]:
             "encode": 1000 * statistics.median(encode_s),
             "master": master_pct,
             "idle": idle_pct,
+            "dv_before": dv_before,
+            "dv_after": dv_after,
             "lost": not relay.connected,
         }
     finally:
@@ -389,6 +430,13 @@ def main() -> None:
     print("-+-".join("-" * w for w in widths))
     for row in table:
         print(" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+    print()
+    print("decode + validate per pass (node 0, the last pass's payloads), before issue 29 -> now:")
+    for r in rows:
+        print(
+            f"  {r['nnodes']} x {r['ranks']}: {r['dv_before']:.1f} ms -> {r['dv_after']:.1f} ms "
+            f"(now / before = {r['dv_after'] / r['dv_before']:.2f})"
+        )
     for r in rows:
         if r["lost"]:
             print(f"!! {r['nnodes']} nodes: node 0 lost its connection during the run")

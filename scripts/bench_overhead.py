@@ -4,7 +4,9 @@
    (best of interleaved runs), and what ``-X importtime`` charges to the hook itself;
 2. ``import sglang``, and importing SGLang's scheduler, engine and EAGLE worker (the patching
    happens here), with the hook vs without;
-3. one call through a traced phase wrapper vs the bare function (in-process, journal only).
+3. one call through a traced phase wrapper vs the bare function (in-process, journal only);
+4. one journal record: ``JournalWriter.write`` (handed to the writer's thread and waited for, so
+   that a disk that stops answering never holds the caller) vs a bare ``os.write`` of the line.
 
 Real start-up (``sglang.Engine``) is ``bench_init.py``; heartbeats and stall latency ``bench_watchdog.py``.
 
@@ -72,6 +74,26 @@ def per_call_us(calls: int = 20000) -> tuple[float, float]:
     return results[0], results[1]
 
 
+def per_record_us(records: int = 20000) -> tuple[float, float]:
+    from sglang_phasetrace.tracing import records as rec
+    from sglang_phasetrace.tracing.journal import JournalWriter, _line
+
+    record = rec.begin(time.time_ns(), "0123456789abcdef", "fedcba9876543210", "0" * 32, "bench.step", {"i": 1}, "main")
+    path = Path(tempfile.mkdtemp(prefix="bench-journal-")) / "j.jsonl"
+    writer = JournalWriter(path)
+    fd = os.open(path.with_suffix(".raw"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    writer.write(record)  # its thread started outside the timing
+    results = []
+    for write in (lambda: os.write(fd, _line(record)), lambda: writer.write(record)):
+        start = time.perf_counter()
+        for _ in range(records):
+            write()
+        results.append((time.perf_counter() - start) / records * 1e6)
+    writer.close()
+    os.close(fd)
+    return results[0], results[1]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7)
@@ -104,6 +126,11 @@ def main() -> int:
     print(
         f"one traced phase call  bare {bare:8.2f} µs   traced {wrapped:8.2f} µs (span + 2 journal writes)"
         f"   +{wrapped - bare:.1f} µs"
+    )
+    raw, handed = per_record_us()
+    print(
+        f"one journal record     os.write {raw:6.2f} µs   JournalWriter.write {handed:6.2f} µs"
+        f" (to its thread, waited for)   +{handed - raw:.1f} µs"
     )
     return 0
 

@@ -221,3 +221,32 @@ def test_the_archive_opens_with_plain_tar(tmp_path: Path) -> None:
     summary = (tmp_path / "x" / TOP / "SUMMARY.md").read_text()
     assert summary.startswith("# sglang-phasetrace bug-report bundle") and "READY" in summary
     assert io.StringIO(summary).readline()
+
+
+def test_a_huge_journal_and_deep_json_are_bounded_not_fatal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 100 MB sparse journal (one line of zeros) is copied as every reader reads it: the line over
+    the line cap and what lies past the journal cap (made 32 MiB here) left out and said; a status
+    file and a server-args attribute holding JSON nested 100 000 deep (which the stdlib's parser
+    recursed into: RecursionError) go in as redacted text."""
+    run = build_run(tmp_path / "big", ranks=2, stalled_rank=1)
+    monkeypatch.setenv("SGLANG_PHASETRACE_JOURNAL_MAX_MB", "32")
+    sparse = run.path / "journal" / f"{HOST}-9999.jsonl"
+    with open(sparse, "wb") as f:
+        f.truncate(100 << 20)
+    deep = "[" * 100_000 + "]" * 100_000
+    (run.path / "status" / f"{HOST}-2000.json").write_text(deep)
+    journal = run.path / "journal" / f"{HOST}-2000.jsonl"
+    t = json.loads(journal.read_text().splitlines()[-1])["t"]
+    attrs = {"sglang.phase": "x", "sglang.server_args": deep}
+    begin = {"kind": "begin", "t": t, "span": "feedfeedfeedfeed", "trace": "a" * 32, "name": "x", "attrs": attrs}
+    with journal.open("a") as f:
+        f.write(json.dumps(begin) + "\n")
+    out = tmp_path / "big.tar.gz"
+    assert main(["bundle", str(run.path), "-o", str(out)]) == 0
+    files = members(out)
+    assert files[f"big/journal/{HOST}-9999.jsonl"] == b""
+    assert files[f"big/status/{HOST}-2000.json"].startswith(b"[[[")
+    assert json.loads(files["big/server-args.json"])[0]["server_args"].startswith("[[[")
+    summary = files["SUMMARY.md"].decode()
+    assert f"{HOST}-9999.jsonl:1: a line over 1 MiB (the cap on one journal line)" in summary
+    assert f"{HOST}-9999.jsonl:1: the rest of this journal, past 32 MiB" in summary

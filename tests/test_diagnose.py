@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from sglang_phasetrace.tracing import diagnose, rundir
-from sglang_phasetrace.tracing.diagnose import Thresholds, analyze, this_host
+from sglang_phasetrace.tracing.diagnose import Thresholds, analyze
 from sglang_phasetrace.tracing.keys import ENV_ABORT_AFTER
 from sglang_phasetrace.tracing.rundir import RunView
 from sglang_phasetrace.tracing.watchdog import Watchdog
@@ -212,34 +212,29 @@ def test_ready_ranks_are_never_reported(tmp_path: Path) -> None:
     assert findings(tmp_path, r0) == []
 
 
-def _launcher(run: Path, pid: int, proof: bool = True) -> None:
-    from sglang_phasetrace.tracing import procs
-
-    fingerprint = procs.fingerprint(pid) if proof else {}
-    (run / "journal" / f"{this_host()}-{pid}.jsonl").write_text(
-        "".join(
-            json.dumps(r) + "\n"
-            for r in [
-                {"kind": "process", "t": NOW - 300 * S, "pid": pid, "host": this_host(), "resource": {}, **fingerprint},
-                {"kind": "identity", "t": NOW - 300 * S, "label": "launcher", "role": "launcher", "attrs": {}},
-            ]
-        )
-    )
-
-
 def test_the_watchdog_kills_nothing_unless_abort_after_is_asked(tmp_path: Path, monkeypatch) -> None:
+    """A launcher proven ours (it writes, and holds open, its own journal): reported, not acted on;
+    SIGTERMed only with ``ABORT_AFTER_S`` (a journal merely naming a process: ``test_process_proof.py``)."""
     r0 = Rank(tmp_path, 0).phase("graph.capture", 200)
     r1 = Rank(tmp_path, 1).phase("attention.init", 200)
     findings(tmp_path, r0, r1)
-    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    holds = (
+        "import json, os, socket, sys, time\n"
+        "from sglang_phasetrace.tracing import procs\n"
+        "pid = os.getpid()\n"
+        "fd = os.open(f'{sys.argv[1]}/{socket.gethostname()}-{pid}.jsonl', os.O_WRONLY | os.O_CREAT, 0o600)\n"
+        "recs = [dict(kind='process', t=int(sys.argv[2]), pid=pid, host=socket.gethostname(), resource={},"
+        " **procs.fingerprint()), dict(kind='identity', t=int(sys.argv[2]), label='launcher', role='launcher',"
+        " attrs={})]\n"
+        "os.write(fd, ''.join(json.dumps(r) + '\\n' for r in recs).encode())\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", holds, str(tmp_path / "journal"), str(NOW - 300 * S)], stdout=subprocess.PIPE, text=True
+    )
     try:
-        _launcher(tmp_path, launcher.pid, proof=False)  # an old journal naming that pid: never signalled
-        out = io.StringIO()
-        monkeypatch.setenv(ENV_ABORT_AFTER, "0")
-        Watchdog(tmp_path, TH, out=out, py_spy=False).step(NOW)
-        assert launcher.poll() is None and "nothing signalled" in out.getvalue()
-        monkeypatch.delenv(ENV_ABORT_AFTER)
-        _launcher(tmp_path, launcher.pid)
+        assert launcher.stdout.readline().strip() == "ready"
         out = io.StringIO()
         assert Watchdog(tmp_path, TH, out=out, py_spy=False).step(NOW)  # reported, not acted on
         assert launcher.poll() is None and "STALL no progress on any rank" in out.getvalue()
@@ -249,6 +244,7 @@ def test_the_watchdog_kills_nothing_unless_abort_after_is_asked(tmp_path: Path, 
         assert f"sending SIGTERM to the launcher (pid {launcher.pid})" in out.getvalue()
     finally:
         launcher.kill()
+        launcher.wait()
 
 
 # -- at the default thresholds, on timelines: what each kind of rank looks like beat by beat ---------------------

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+from sglang_phasetrace.tracing import journal
 from sglang_phasetrace.tracing.journal import JournalTail, JournalWriter, dumps, read_journal
 from sglang_phasetrace.tracing.rundir import RunView, load_run
 
@@ -215,3 +217,86 @@ def test_exit_records_land_on_the_process_they_name(tmp_path):
         f.write(dumps(records.exit(9, 43, "h", "tp1", None, "SIGKILL")) + "\n")
     (tp1,) = view.refresh().ranks
     assert tp1.exit["signal"] == "SIGKILL" and view.problems == []
+
+
+# -- bounded reads: a line over LINE_MAX, a journal over journal_max(), read a piece at a time ---------
+
+
+def test_a_line_over_the_cap_is_named_once_and_the_next_lines_read(tmp_path):
+    path = tmp_path / "journal" / "h-42.jsonl"
+    huge = dumps(rec("warning", 5, message="x" * (3 << 20)))  # 3 MiB: valid, but no record is that long
+    write_lines(path, [*journal_lines(GOOD[:2]), huge + "\n", *journal_lines(GOOD[2:])])
+    records, problems = read_journal(path)
+    assert records == GOOD
+    assert problems == [f"{path}:3: a line over 1 MiB (the cap on one journal line)"]
+
+    write_lines(path, [*journal_lines(GOOD[:2]), huge[: 2 << 20]])  # a live read meets it half written
+    tail = JournalTail(path)
+    assert tail.read() == GOOD[:2] and tail.problems == [problems[0]]
+    with open(path, "a") as f:
+        f.write(huge[2 << 20 :] + "\n" + "".join(journal_lines(GOOD[2:])))
+    assert tail.read() == GOOD[2:] and tail.problems == [problems[0]]  # said once
+    with open(path, "a") as f:
+        f.write(huge)  # the last line, never ended: a final read says it too
+    assert tail.read(final=True) == [] and tail.problems == [problems[0], problems[0].replace(":3:", ":6:")]
+
+
+def test_a_journal_over_the_cap_is_read_up_to_it_and_said_once(tmp_path, monkeypatch):
+    path = tmp_path / "journal" / "h-42.jsonl"
+    lines = journal_lines(GOOD) * 100  # 400 lines, ~190 bytes each
+    write_lines(path, lines)
+    monkeypatch.setenv(journal.ENV_JOURNAL_MAX, str(10_000 / 2**20))  # 10 000 bytes
+    fits = next(i for i in range(len(lines)) if sum(map(len, lines[: i + 1])) > 10_000)
+    tail = JournalTail(path)
+    assert len(tail.read()) == fits
+    assert tail.problems == [
+        f"{path}:{fits + 1}: the rest of this journal, past {10_000 / 2**20:g} MiB (the cap on what is read of one "
+        "journal; set SGLANG_PHASETRACE_JOURNAL_MAX_MB to a number of MiB to read more)"
+    ]
+    assert tail.read(final=True) == [] and len(tail.problems) == 1
+    monkeypatch.setenv(journal.ENV_JOURNAL_MAX, "1")
+    assert len(read_journal(path)[0]) == 400
+
+
+def test_reading_a_piece_at_a_time_gives_what_one_read_would(tmp_path, monkeypatch):
+    """Lines of every length around the caps (made small here), read whole or as they are appended
+    in random pieces: the same records, each long line said once, nothing read past the cap."""
+    monkeypatch.setattr(journal, "LINE_MAX", 400)
+    monkeypatch.setattr(journal, "READ_BYTES", 500)
+    rng = random.Random(29)
+    for _ in range(30):
+        cap = rng.choice([None, rng.randrange(500, 20_000)])
+        if cap is None:
+            monkeypatch.delenv(journal.ENV_JOURNAL_MAX, raising=False)
+        else:
+            monkeypatch.setenv(journal.ENV_JOURNAL_MAX, str(cap / 2**20))
+        path = tmp_path / f"h-{rng.randrange(10**9)}.jsonl"
+        sizes = [rng.choice([0, 10, 300, 380, 399, 1500]) for _ in range(60)]  # a line: ~40 bytes + this
+        lines = [dumps(rec("warning", i + 1, message="m" * n)) for i, n in enumerate(sizes)]
+        data = "".join(line + "\n" for line in lines)
+        unended = rng.random() < 0.5  # the last line without its newline (a final read takes it)
+        if unended:
+            data = data[:-1]
+        end = len(data.encode()) if cap is None else int(cap / 2**20 * 2**20)  # bytes read
+        expected, long, at = [], [], 0
+        for n, line in enumerate(lines, 1):
+            start, at = at, at + len(line) + 1  # ``at``: past its newline
+            if at - (unended and n == len(lines)) > end:  # the cap cuts it: said long if it showed that much
+                long += [n] if len(line) > 400 and end - start > 400 else []
+                break
+            (long if len(line) > 400 else expected).append(n)
+        path.write_bytes(b"")
+        tail = JournalTail(path)
+        got, raw = [], data.encode()
+        cuts = sorted(rng.sample(range(1, len(raw)), 5))
+        for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True):
+            with open(path, "ab") as f:
+                f.write(raw[a:b])
+            got += tail.read(final=b == len(raw))
+        assert [r["t"] for r in got] == expected, cap
+        said = [int(p.split(":")[1]) for p in tail.problems if "a line over" in p]
+        assert said == long, (cap, tail.problems)
+        capped = cap is not None and end < len(raw)
+        assert sum("the rest of this journal" in p for p in tail.problems) == capped
+        whole = JournalTail(path)
+        assert whole.read(final=True) == got and whole.problems == tail.problems

@@ -9,12 +9,16 @@ inside ``attention.init`` while tp0 (on node 0) waits for it in a TP barrier.
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +27,9 @@ from otlp_receiver import OtlpReceiver
 from sglang_phasetrace.tracing import crossnode, keys, records, relay
 from sglang_phasetrace.tracing.diagnose import Thresholds, analyze
 from sglang_phasetrace.tracing.rundir import RunView, load_run
+from sglang_phasetrace.tracing.snapshot import Snapshot
+from sglang_phasetrace.tracing.watchdog import Watchdog
+from test_relay import MALFORMED, MASTER, spawn, stop, up
 
 PLANTS = ROOT / "tests" / "plants"
 S = 1_000_000_000
@@ -50,13 +57,18 @@ def test_one_launch_one_trace_id_on_every_node_and_another_for_the_next() -> Non
 # -- snapshots: another node's ranks in this node's view --------------------------------------------
 
 
-def _journal(run: Path, pid: int, label: str, role: str, node: int, t0: int, recs: list[dict]) -> None:
+HERE = socket.gethostname()
+
+
+def _journal(
+    run: Path, pid: int, label: str, role: str, node: int, t0: int, recs: list[dict], host: str = "host"
+) -> None:
     (run / "journal").mkdir(parents=True, exist_ok=True)
     ident = {keys.RANK_LABEL: label, keys.NODE_RANK: node, keys.NNODES: 2}
     if role == "rank":
         ident[keys.TP_RANK] = int(label[2:])
     head = [
-        records.process(t0, pid, 1, "host", run.name, t0, {}),
+        records.process(t0, pid, 1, host, run.name, t0, {}),
         records.identity(t0, label, role, ident),
     ]
     text = "".join(json.dumps(r) + "\n" for r in head + recs)
@@ -67,9 +79,12 @@ def _beat(pid: int, label: str, t: int, seq: int) -> dict:
     return records.heartbeat(t, seq, pid, label, False, 2.0, [], 0.0, 1 << 20, 4, dt_s=2.0, main={"state": "S"})
 
 
-def _node(run: Path, node: int, tp: int, t0: int, now: int, waits: bool) -> None:
+def _node(
+    run: Path, node: int, tp: int, t0: int, now: int, waits: bool, host: str = "host", pid: int | None = None
+) -> None:
     """A node holding one rank: tp``tp`` either waits in a TP barrier (``waits``) or sits in
     ``attention.init`` without progress; heartbeats up to ``now``."""
+    pid = 100 + node if pid is None else pid
     trace = f"{node + 1:032x}"
     root = records.begin(t0, f"{10 + node:016x}", None, trace, f"rank tp{tp}", {keys.PHASE: "rank"}, "MainThread")
     attrs = {keys.PHASE: "attention.init"}
@@ -78,8 +93,8 @@ def _node(run: Path, node: int, tp: int, t0: int, now: int, waits: bool) -> None
     if waits:
         recs.append(records.end(t0 + 2 * S, phase["span"], "ok", {}))
         recs.append(records.collective(t0 + 2 * S, "enter", "barrier", "tp:0[0,1]", 5))
-    recs += [_beat(100 + node, f"tp{tp}", t, i) for i, t in enumerate(range(t0, now, 2 * S))]
-    _journal(run, 100 + node, f"tp{tp}", "rank", node, t0, recs)
+    recs += [_beat(pid, f"tp{tp}", t, i) for i, t in enumerate(range(t0, now, 2 * S))]
+    _journal(run, pid, f"tp{tp}", "rank", node, t0, recs, host)
 
 
 def test_a_node_snapshot_puts_its_ranks_on_this_clock_and_node0_names_the_stalled_one(tmp_path: Path) -> None:
@@ -93,8 +108,8 @@ def test_a_node_snapshot_puts_its_ranks_on_this_clock_and_node0_names_the_stalle
     assert len(data) < 4096, len(data)  # what node 1 sends per beat for one rank
 
     view = RunView(tmp_path / "n0").refresh()
-    offset = now0 - relay.decode(data)["now"]
-    view.set_remote("node-1", crossnode.remote_processes(relay.decode(data), offset, "node-1"))
+    offset = now0 - relay.decode(data, Snapshot).now
+    view.set_remote("node-1", crossnode.remote_processes(relay.decode(data, Snapshot), offset, "node-1"))
     tp1 = next(p for p in view.ranks if p.label == "tp1")
     assert tp1.remote == "node-1" and tp1.node == 1 and tp1.who == f"pid {tp1.pid} on node-1"
     assert tp1.current is not None and tp1.current.phase == "attention.init"
@@ -132,17 +147,20 @@ def test_a_rank_whose_peers_on_another_node_left_its_phase_is_named(tmp_path: Pa
         [root, init, records.end(t1 + 2 * S, init["span"], "ok", {}), graphs, *beats],
     )
 
-    snap = relay.decode(relay.encode(crossnode.snapshot(RunView(tmp_path / "n1").refresh(), 1, 1, now0 - skew)))
-    assert snap["procs"][0]["ended"] == {"attention.init": [1, t1 + 2 * S]}  # sent as a count, not as spans
+    sent = relay.encode(crossnode.snapshot(RunView(tmp_path / "n1").refresh(), 1, 1, now0 - skew))
+    snap = relay.decode(sent, Snapshot)
+    assert snap.procs[0].ended == {"attention.init": (1, t1 + 2 * S)}  # sent as a count, not as spans
     view = RunView(tmp_path / "n0").refresh()
-    view.set_remote("node-1", crossnode.remote_processes(snap, now0 - snap["now"], "node-1"))
+    view.set_remote("node-1", crossnode.remote_processes(snap, now0 - snap.now, "node-1"))
     tp1 = next(p for p in view.ranks if p.label == "tp1")
     assert tp1.ended("attention.init") == (1, t0 + 2 * S)  # on node 0's clock
     found = analyze(view, now0, Thresholds(stall_s=30, blocked_s=8))
     (named,) = [f for f in found if f.label == "tp0"]
     assert named.kind == "straggler" and "peers left it: tp1" in named.message, named.message
-    bad = dict(snap, procs=[dict(snap["procs"][0], ended={"attention.init": ["1", -5], 3: [1, 1]})])
-    assert crossnode.remote_processes(bad, 0, "node-1")[0].dropped == {}  # a malformed summary is not used
+    bad = relay.decode(sent, dict)
+    bad["procs"][0]["ended"] = {"attention.init": ["1", -5]}
+    with pytest.raises(ValueError, match=r"procs\[0\]\.ended"):  # a malformed summary: the snapshot is refused
+        relay.decode(relay.encode(bad), Snapshot)
 
 
 def test_ranks_waiting_at_the_rendezvous_say_what_they_wait_for(tmp_path: Path) -> None:
@@ -165,6 +183,176 @@ def test_ranks_waiting_at_the_rendezvous_say_what_they_wait_for(tmp_path: Path) 
     assert found.kind == "rendezvous" and found.phase == "dist.init_process_group"
     assert found.message.startswith("tp2 on node-1 has waited 59 s in 'dist.init_process_group'")
     assert "tcp://10.0.0.1:5000" in found.message and "world size 4, 1 seen" in found.message
+
+
+# -- what another party may write to the store ---------------------------------------------------------
+#
+# Anyone who reaches the launch's store can write node k's key. This node's processes are judged from
+# its own journals only; a snapshot that does not fit the schema, or names what is not its node's, costs
+# one warning naming the node, never the pass (docs/multinode-channel.md, "Trust").
+
+TH = Thresholds(stall_s=30, blocked_s=8)
+
+
+@pytest.fixture
+def store() -> Iterator[int]:
+    """A real torch ``TCPStore`` master in its own process, as world rank 0's: its port."""
+    port = free_port()
+    proc = spawn(MASTER, port)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+        yield port
+    finally:
+        stop(proc)
+
+
+def _silent_tp0(run: Path, now: int) -> None:
+    """Node 0's tp0, this very process (alive, on this machine), silent for 40 s in ``attention.init``."""
+    _node(run, 0, 0, now - 60 * S, now - 40 * S, waits=False, host=HERE, pid=os.getpid())
+
+
+def _node0(run: Path, port: int) -> crossnode.CrossNode:
+    cross = crossnode.CrossNode(crossnode.Node(0, 2, f"127.0.0.1:{port}"), run, "1" * 32, 2.0, 10.0)
+    assert up(cross.relay)
+    return cross
+
+
+def _warned(caplog: pytest.LogCaptureFixture, node: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and node in r.getMessage()]
+
+
+def test_a_fake_ready_snapshot_of_this_nodes_rank_does_not_hide_its_stall(
+    tmp_path: Path, store: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = time.time_ns()
+    _silent_tp0(tmp_path / "n0", now)
+    (alone,) = analyze(RunView(tmp_path / "n0").refresh(), now, TH)
+    assert alone.kind == "silent" and alone.label == "tp0"
+    # Another party writes node 1's key: "tp0, this host, this pid: ready" (pid and host are easy to learn).
+    t0 = now - 60 * S
+    root = records.begin(t0, "c" * 16, None, "3" * 32, "rank tp0", {keys.PHASE: "rank"}, "MainThread")
+    ended = records.end(t0 + S, root["span"], "ok", {})
+    _journal(
+        tmp_path / "fake", os.getpid(), "tp0", "rank", 1, t0, [root, ended, _beat(os.getpid(), "tp0", now, 1)], HERE
+    )
+    writer = relay.Relay(f"127.0.0.1:{store}", 1, 2, timeout_s=2.0)
+    assert up(writer)
+    writer.publish(relay.encode(crossnode.snapshot(RunView(tmp_path / "fake").refresh(), 1, 1, now)))
+    cross = _node0(tmp_path / "n0", store)
+    cross.pass_once()
+    assert list(cross.inbox) == [1]
+    view = RunView(tmp_path / "n0").refresh()
+    with caplog.at_level(logging.WARNING, logger="sglang_phasetrace"):
+        assert cross.exchange(view, now) == []
+    (found,) = analyze(view, now, TH)
+    assert (found.kind, found.label, found.pid) == ("silent", "tp0", os.getpid())
+    assert [p.remote for p in view.processes] == [None]
+    (said,) = _warned(caplog, "node-1")
+    assert said.startswith("sglang-phasetrace: node-1's snapshot not used: it names pid") and "of this node" in said
+    writer.close()
+    cross.relay.close()
+
+
+def test_a_key_rewritten_with_garbage_every_pass_costs_one_warning_and_every_pass_names_the_local_stall(
+    tmp_path: Path, store: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = time.time_ns()
+    _silent_tp0(tmp_path / "n0", now)
+    writer = relay.Relay(f"127.0.0.1:{store}", 1, 2, timeout_s=2.0)
+    assert up(writer)
+    cross = _node0(tmp_path / "n0", store)
+    with caplog.at_level(logging.WARNING, logger="sglang_phasetrace"):
+        for name, data in MALFORMED.items():
+            writer.publish(data)  # a new value every pass: each is decoded, and refused
+            cross.pass_once()
+            assert cross.inbox == {1: data}, name
+            out = io.StringIO()
+            dog = Watchdog(tmp_path / "n0", TH, out=out, py_spy=False)  # a pass that has not named it yet
+            dog.crossnode = cross
+            (found,) = dog.step(now)
+            assert (found.kind, found.label) == ("silent", "tp0"), name
+            assert out.getvalue().startswith("sglang-phasetrace: STALL rank tp0 (pid"), out.getvalue()
+    (said,) = _warned(caplog, "node-1")
+    assert said.startswith("sglang-phasetrace: node-1's snapshot not used: "), said
+    assert len(said) < 300 and "\x1b" not in said, said
+    writer.close()
+    cross.relay.close()
+
+
+def _one_rank(run: Path, node: int, host: str, now: int) -> bytes:
+    """Node ``node``'s snapshot of one rank on ``host``, in ``attention.init``."""
+    _node(run, node, node, now - 60 * S, now, waits=False, host=host)
+    return relay.encode(crossnode.snapshot(RunView(run).refresh(), node, 1, now))
+
+
+def test_a_snapshot_naming_this_nodes_host_or_another_nodes_is_not_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = time.time_ns()
+    _node(tmp_path / "n0", 0, 0, now - 60 * S, now, waits=True, host=HERE)
+    cross = crossnode.CrossNode(crossnode.Node(0, 5, "10.0.0.1:29500"), tmp_path / "n0", "1" * 32, 2.0, 10.0)
+    view = RunView(tmp_path / "n0").refresh()
+    cross.inbox = {
+        1: _one_rank(tmp_path / "n1", 1, "host1", now),
+        2: _one_rank(tmp_path / "n2", 2, "host1", now),  # node 1's host
+        3: _one_rank(tmp_path / "n3", 3, HERE, now),  # this node's host
+    }
+    lying = relay.decode(_one_rank(tmp_path / "n4", 4, "host4", now), dict)
+    lying["node"] = 1  # node 4's key, saying it is node 1
+    cross.inbox[4] = relay.encode(lying)
+    with caplog.at_level(logging.WARNING, logger="sglang_phasetrace"):
+        assert cross.exchange(view, now) == []
+        cross.inbox = {k: relay.encode(relay.decode(v, dict) | {"seq": 2}) for k, v in cross.inbox.items()}
+        assert cross.exchange(view, now + S) == []  # the same again: not said twice
+    assert {(p.label, p.remote) for p in view.ranks} == {("tp0", None), ("tp1", "node-1")}
+    assert "names host 'host1', node-1's" in _warned(caplog, "node-2's")[0]
+    assert "names this node's host" in _warned(caplog, "node-3's")[0]
+    assert "it says it is node-1" in _warned(caplog, "node-4's")[0]
+    assert len(_warned(caplog, "snapshot not used")) == 3
+
+    # Every node of a launch whose rendezvous is a loopback address runs on this machine.
+    here = crossnode.CrossNode(crossnode.Node(0, 2, "127.0.0.1:29500"), tmp_path / "n0", "1" * 32, 2.0, 10.0)
+    here.inbox = {1: _one_rank(tmp_path / "n1", 1, "host1", now)}
+    with caplog.at_level(logging.WARNING, logger="sglang_phasetrace"):
+        here.exchange(view := RunView(tmp_path / "n0").refresh(), now)
+    assert view.remote == {} and "loopback address" in _warned(caplog, "node-1's")[-1]
+
+
+def test_a_report_stands_in_only_for_its_own_nodes_journal(tmp_path: Path) -> None:
+    """One shared run directory: node 0 reads node 1's journals too. Node 1's report replaces its own
+    journal (its times are on node 0's clock); nobody's report replaces node 0's processes, and the
+    first report of a (host, pid) is the one shown."""
+    now = time.time_ns()
+    _node(tmp_path, 0, 0, now - 60 * S, now, waits=False, host="host0")
+    _node(tmp_path, 1, 1, now - 60 * S, now, waits=False, host="host1")
+    mine = RunView(tmp_path).refresh()
+    (tp0,) = [p for p in mine.processes if p.label == "tp0"]
+
+    def reported(node: int, host: str, pid: int, source: str) -> list:
+        other = tmp_path / f"report-{source}-{pid}"
+        _node(other, node, node, now - 60 * S, now, waits=False, host=host, pid=pid)
+        snap = relay.decode(relay.encode(crossnode.snapshot(RunView(other).refresh(), node, 1, now)), Snapshot)
+        return crossnode.remote_processes(snap, 0, source)
+
+    view = RunView(tmp_path).refresh()
+    view.set_remote("node-1", reported(1, "host1", 101, "node-1"))
+    view.set_remote("node-2", reported(2, "host0", 100, "node-2") + reported(2, "host1", 101, "node-2"))
+    got = {(p.host, p.pid): p.remote for p in view.processes}
+    assert got == {("host0", 100): None, ("host1", 101): "node-1"}
+    assert next(p for p in view.processes if p.pid == 100).spans.keys() == tp0.spans.keys()
+
+    # Node 1's rank early on: its identity does not say its node yet; its journal's resource does.
+    early = [
+        records.process(now, 103, 1, "host1", "r", now, {keys.NODE_RANK: 1}),
+        records.identity(now, "tp3", "rank", {}),
+    ]
+    (tmp_path / "journal" / "host1-103.jsonl").write_text("".join(json.dumps(r) + "\n" for r in early))
+    cross = crossnode.CrossNode(crossnode.Node(0, 3, "10.0.0.1:1"), tmp_path, "1" * 32, 2.0, 10.0)
+    view = RunView(tmp_path).refresh()
+    (report,) = reported(1, "host1", 103, "node-1")
+    assert cross._check(view, 1, [report]) == "host1"  # not taken for one of node 0's
+    view.set_remote("node-1", [report])
+    assert next(p for p in view.processes if p.pid == 103).remote == "node-1"
 
 
 # -- real two-node launches ---------------------------------------------------------------------------
@@ -367,13 +555,13 @@ def test_a_node_that_stops_reporting_is_said_once_not_blamed_rank_by_rank(tmp_pa
     _node(tmp_path / "n0", 0, 0, now - 60 * S, now, waits=True)
     _node(tmp_path / "n1", 1, 1, now - 60 * S, now, waits=False)
     snap = relay.encode(crossnode.snapshot(RunView(tmp_path / "n1").refresh(), 1, 1, now))
-    cross = crossnode.CrossNode(crossnode.Node(0, 2, "127.0.0.1:1"), tmp_path / "n0", "1" * 32, 2.0, 10.0)
+    cross = crossnode.CrossNode(crossnode.Node(0, 2, "10.0.0.1:1"), tmp_path / "n0", "1" * 32, 2.0, 10.0)
     view = RunView(tmp_path / "n0").refresh()
     cross.inbox = {1: snap}
     assert cross.exchange(view, now) == [] and {p.label for p in view.ranks} == {"tp0", "tp1"}
     assert cross.exchange(view, now + 5 * S) == []  # the same snapshot again: nothing new, not stale yet
     (notice,) = cross.exchange(view, now + 11 * S)
-    assert notice.startswith("node-1 stopped reporting 11 s ago (its launcher, or the network to 127.0.0.1:1)")
+    assert notice.startswith("node-1 stopped reporting 11 s ago (its launcher, or the network to 10.0.0.1:1)")
     assert {p.label for p in view.ranks} == {"tp0"}  # its ranks are not judged on stale figures
     assert cross.exchange(view, now + 20 * S) == []  # said once
     cross.inbox = {1: relay.encode(crossnode.snapshot(RunView(tmp_path / "n1").refresh(), 1, 2, now + 21 * S))}

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
+import textwrap
 
 import pytest
 from sglang_phasetrace.patches._attrs import server_args_attrs, server_args_json
 from sglang_phasetrace.tracing import runtime
 from sglang_phasetrace.tracing.journal import read_journal
-from sglang_phasetrace.tracing.redact import REDACTED, is_secret_key, redact, redact_text
+from sglang_phasetrace.tracing.redact import MAX_DEPTH, MAX_TEXT, REDACTED, TOO_DEEP, is_secret_key, redact, redact_text
 from sglang_phasetrace.tracing.spans import clean_attrs
 
 SECRET = "s3cr3t-VALUE-42"
@@ -36,6 +39,16 @@ SECRET = "s3cr3t-VALUE-42"
         "private_key",
         "session_cookie",
         "x-auth-token",
+        # issue 29: structured keys that kept their value
+        "sas",
+        "session",
+        "connection_string",
+        "tokens",
+        "privkey",
+        "x-honeycomb-team",
+        "PGPASSWORD",
+        "api_tokens",
+        "\uff50\uff41\uff53\uff53\uff57\uff4f\uff52\uff44",  # fullwidth
     ],
 )
 def test_secret_keys(key):
@@ -60,6 +73,14 @@ def test_secret_keys(key):
         "num_tokens",
         "key",
         "hash_key",
+        "prompt_tokens",
+        "new_token",
+        "pad_token",
+        "eos_token",
+        "special_tokens",
+        "session_id",
+        "enable_session_radix_cache",
+        "forward_passes",
     ],
 )
 def test_ordinary_keys_are_kept(key):
@@ -191,3 +212,77 @@ def test_warning_records_are_redacted(trace_run_dir):
     assert problems == []
     (warning,) = [r for r in records if r["kind"] == "warning"]
     assert SECRET not in warning["message"] and REDACTED in warning["message"]
+
+
+def test_no_server_arg_of_sglang_is_taken_for_a_secret_but_the_secret_ones():
+    server_args = pytest.importorskip("sglang.srt.server_args")
+    names = getattr(server_args.ServerArgs, "__struct_fields__", None) or [
+        f.name for f in dataclasses.fields(server_args.ServerArgs)
+    ]
+    secret = {"api_key", "admin_api_key", "ssl_keyfile_password", "watermark_key", "watermark_key_b", "hf_token"}
+    assert len(names) > 100
+    assert {n for n in names if is_secret_key(n)} <= secret
+    assert "api_key" in names and is_secret_key("api_key")
+
+
+# issue 29, item 3: text anyone who can write a journal or the rendezvous store hands the readers.
+# The old ``_PAIR`` search restarted after each key that was not a secret and read its value again:
+# 16 kB of ``a=`` took 2.3 s and 56 kB of ``ab://x:`` 20 s. Each shape here is ~56 kB.
+ADVERSARIAL = ["a=", "ab://x:", "?a=", "x=1 a.", "x=1 -a.", "-eyJ", "\\", "a.b://", "?://@tcp(aeyJ", "@'sk-}0"]
+
+
+def test_adversarial_text_is_redacted_in_linear_time():
+    """All shapes, whole (no cap) and capped, in a child given 20 s: the old code needs minutes;
+    this one about a second on a busy 2-core machine (``scripts/bench_redact.py`` has the figures)."""
+    program = textwrap.dedent(
+        f"""
+        from sglang_phasetrace.tracing.redact import redact_text
+        for unit in {ADVERSARIAL!r}:
+            text = (unit * (56_000 // len(unit) + 1))[:56_000] + " password=tail-secret-77"
+            for limit in (None, 16384):
+                assert "tail-secret-77" not in redact_text(text, limit), unit
+        print("done")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=20)
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-2000:]
+
+
+def test_one_field_is_capped_with_a_visible_marker():
+    text = "HEAD password=head-secret-1 " + "x" * 100_000 + " token=tail-secret-2 TAIL"
+    out = redact_text(text)
+    assert len(out) <= MAX_TEXT
+    assert out.startswith("HEAD password=[REDACTED]") and out.endswith("token=[REDACTED] TAIL")
+    assert "head-secret-1" not in out and "tail-secret-2" not in out
+    cut = int(out.split(" [… ")[1].split(" characters cut …] ")[0])
+    assert cut == len(redact_text(text, None)) - (len(out) - len(f" [… {cut} characters cut …] "))
+    assert redact_text(out) == out, "a capped field is not cut again"
+    assert redact_text(text, None).count("x") == 100_000, "a whole file (limit=None) is not cut"
+    huge = "token=first-secret-3 " + "y" * 3_000_000 + " api_key=last-secret-4"  # past MAX_SCAN: the middle is not read
+    out = redact_text(huge)
+    assert len(out) <= MAX_TEXT and "secret-3" not in out and "secret-4" not in out
+    assert int(out.split(" [… ")[1].split(" ")[0]) > 2_900_000
+    record = redact({"message": "z" * 50_000, "n": 1})
+    assert len(record["message"]) <= MAX_TEXT and record["n"] == 1
+
+
+def _nest(depth: int, leaf: object) -> object:
+    value = leaf
+    for i in range(depth):
+        value = {"unknown": value} if i % 2 else [value]
+    return value
+
+
+def test_deep_nesting_is_cut_not_a_crash():
+    """issue 29, item 6: an unknown field nested 900 deep (a 6 kB journal line) stopped ``bundle``
+    with RecursionError inside ``redact``."""
+    record = {"kind": "begin", "attrs": {"x": _nest(900, {"api_key": "deep-secret-5"})}}
+    out = redact(record)
+    text = json.dumps(out)
+    assert "deep-secret-5" not in text and TOO_DEEP in text
+    assert text.count("[") + text.count("{") <= MAX_DEPTH + 2
+    line = json.dumps(_nest(900, "v"))  # JSON held in a string, as deep
+    assert TOO_DEEP in redact(line, "model_loader_extra_config")
+    assert len(redact("[" * 100_000, "x")) <= MAX_TEXT, "not JSON the parser can take: capped text"
+    shallow = {"a": [{"b": 1}], "model_path": "/m"}
+    assert redact(shallow) is shallow, "nothing to hide: the same object back"

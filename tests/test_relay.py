@@ -1,20 +1,28 @@
 """The cross-node channel (``tracing.relay``) against real torch ``TCPStore`` masters in other
 processes, standing in for world rank 0's: connect before and after the store exists, agreeing on
 the launch identity, publish/read among nodes, the master going away, bad payloads, and a real
-2-rank gloo process group forming while a relay client is connected to its store."""
+2-rank gloo process group forming while a relay client is connected to its store. Whatever another
+party writes to the store's keys (it has no authentication) is refused with a reason, never raised."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
 import time
+import typing
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 
+import msgspec
 import pytest
 from conftest import free_port, kill_group
-from sglang_phasetrace.tracing.relay import PREFIX, Relay, decode, encode, parse_addr
+from sglang_phasetrace.tracing import crossnode, records
+from sglang_phasetrace.tracing.relay import DECODE_LIMIT, LAUNCH_KEY, PREFIX, Relay, decode, encode, parse_addr
+from sglang_phasetrace.tracing.snapshot import Launch, Record, Snapshot
+from test_bad_records import BAD, VALID, broken, line
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -109,7 +117,7 @@ def test_connect_before_the_store_exists_is_quiet_then_connects() -> None:
     assert node.connect() is False and not node.connected
     assert time.monotonic() - start < 1.5  # refused at once, not TCPStore's retry loop
     node.publish(b"x")  # no-ops while disconnected
-    assert node.read() == {} and node.agree({"id": "a"}) is None
+    assert node.read() == {} and node.agree(Launch("a" * 32), Launch) is None
     proc = spawn(MASTER, port)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
@@ -124,10 +132,61 @@ def test_agree_first_value_wins_and_other_nodes_see_it(master: tuple[int, subpro
     port, _ = master
     node0, node1 = relay(port, 0, 2), relay(port, 1, 2)
     assert up(node0, node1)
-    assert node1.agree({"launch": "b"}) is None  # node 0 has not written it: no waiting
-    assert node0.agree({"launch": "a", "trace": "f" * 32}) == {"launch": "a", "trace": "f" * 32}
-    assert node0.agree({"launch": "c"}) == {"launch": "a", "trace": "f" * 32}  # a restarted launcher keeps it
-    assert node1.agree({"launch": "b"}) == {"launch": "a", "trace": "f" * 32}
+    first = Launch("f" * 32, "job-a")
+    assert node1.agree(Launch("b" * 32), Launch) is None  # node 0 has not written it: no waiting
+    assert node0.agree(first, Launch) == first
+    assert node0.agree(Launch("c" * 32), Launch) == first  # a restarted launcher keeps it
+    assert node1.agree(Launch("b" * 32), Launch) == first
+
+
+BAD_LAUNCH = {
+    b'{"trace":"zz"}': "regex",  # every process's exporter would parse it as hex
+    b'{"trace":"' + b"0" * 32 + b'"}': "regex",  # OTel's invalid trace id
+    b'{"trace":"' + b"a" * 32 + rb'","source":"\u001b]52;c;eA==\u0007"}': "source",
+    b'{"trace":"' + b"a" * 32 + b'","launch_id":"' + b"x" * 3000 + b'"}': "launch_id",
+    b'{"x":' + b"[" * 1500 + b"]" * 1500 + b',"trace":"' + b"a" * 32 + b'"}': "nested too deep",
+    b"[" * 5000: "over the",
+    b"\xff": "malformed",
+}
+
+
+@pytest.mark.parametrize("stored", list(BAD_LAUNCH), ids=list(BAD_LAUNCH.values()))
+def test_a_malformed_launch_identity_is_said_once_and_every_node_keeps_its_own(
+    stored: bytes, master: tuple[int, subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    """Whoever writes ``phasetrace/launch`` first sets the launch's trace id (the agreement is kept):
+    a value that is not one is said once and never reaches a node's launch record or launch.json."""
+    port, _ = master
+    writer = relay(port, 1, 2)
+    assert up(writer)
+    writer._store.set(LAUNCH_KEY, stored)  # another party with access to the store, first
+    warnings: list[str] = []
+    node0 = relay(port, 0, 2, warnings)
+    assert up(node0)
+    for _ in range(2):
+        assert node0.agree(Launch("a" * 32), Launch) is None
+    (said,) = warnings
+    assert said.startswith(f"sglang-phasetrace: cross-node relay to 127.0.0.1:{port}: the launch identity stored")
+    assert BAD_LAUNCH[stored] in said and "\x1b" not in said and len(said) < 400, said
+    run = tmp_path / "run"
+    run.mkdir()
+    cross = crossnode.CrossNode(crossnode.Node(1, 2, f"127.0.0.1:{port}"), run, "1" * 32, 2.0, 10.0)
+    written: list[dict] = []
+    cross.write = written.append
+    assert up(cross.relay)
+    cross.pass_once()
+    assert cross.agreed is None and written == [] and not (run / crossnode.LAUNCH_FILE).exists()
+    cross.relay.close()
+    writer.close()
+
+
+def test_launch_json_is_used_only_when_it_holds_two_trace_ids(tmp_path: Path) -> None:
+    good = {"trace": "a" * 32, "local_trace": "b" * 32}
+    (tmp_path / crossnode.LAUNCH_FILE).write_text(json.dumps(good))
+    assert crossnode.mapping_of(tmp_path) == good
+    for bad in ({"trace": "zz", "local_trace": "b" * 32}, {"trace": "a" * 32}, [1], {"trace": 5, "local_trace": 6}):
+        (tmp_path / crossnode.LAUNCH_FILE).write_text(json.dumps(bad))
+        assert crossnode.mapping_of(tmp_path) is None, bad
 
 
 def test_publish_and_read_among_three_nodes(master: tuple[int, subprocess.Popen[str]]) -> None:
@@ -139,11 +198,11 @@ def test_publish_and_read_among_three_nodes(master: tuple[int, subprocess.Popen[
     assert time.monotonic() - start < 1.0
     nodes[2].publish(encode({"node": 2, "seq": 1}))
     got = nodes[0].read()
-    assert list(got) == [2] and decode(got[2]) == {"node": 2, "seq": 1}
+    assert list(got) == [2] and decode(got[2], dict) == {"node": 2, "seq": 1}
     nodes[1].publish(encode({"node": 1, "seq": 1}))
     nodes[2].publish(encode({"node": 2, "seq": 2}))  # overwrite
     got = nodes[0].read()
-    assert {k: decode(v)["seq"] for k, v in got.items()} == {1: 1, 2: 2}
+    assert {k: decode(v, dict)["seq"] for k, v in got.items()} == {1: 1, 2: 2}
     nodes[0].publish(encode({"node": 0}))
     assert sorted(nodes[1].read()) == [0, 2]  # every node may read; never its own key
 
@@ -179,22 +238,107 @@ def test_master_gone_disconnects_warns_once_and_reconnects(master: tuple[int, su
 
 def test_decode_rejects_garbage_and_oversized_data() -> None:
     snapshot = {"v": 1, "node": 3, "procs": [[{"kind": "process", "pid": 1}]]}
-    assert decode(encode(snapshot)) == snapshot
+    assert decode(encode(snapshot), dict) == snapshot
     cases = {
         b"not zlib at all": "not zlib",
         encode(snapshot)[:-4]: "truncated",
         encode(snapshot) + b"junk": "trailing",
-        zlib.compress(b"\xff\xfe{"): "not JSON",
-        zlib.compress(b"[1, 2]"): "not a JSON object",
+        zlib.compress(b"\xff\xfe{"): "malformed",
+        zlib.compress(b"[1, 2]"): "Expected `object`, got `array`",
         zlib.compress(b"{" + b" " * 5000 + b"}"): "limit",  # a bomb: 5 kB inflated from ~30 bytes
     }
     for data, why in cases.items():
         with pytest.raises(ValueError, match=why):
-            decode(data, limit=4096)
+            decode(data, dict, limit=4096)
     with pytest.raises(ValueError, match="over the"):
-        decode(b"x" * 100, limit=64)
+        decode(b"x" * 100, dict, limit=64)
     with pytest.raises(ValueError, match="expected bytes"):
-        decode("text")  # type: ignore[arg-type]
+        decode("text", dict)  # type: ignore[arg-type]
+
+
+def _snap(**fields: object) -> bytes:
+    """A node-1 snapshot of one process, with ``fields`` replacing the envelope's or, for
+    ``records``, the process's records."""
+    recs = fields.pop("records", [{"kind": "process", "t": 1, "pid": 4242, "host": "h1"}])
+    return encode({"v": 1, "node": 1, "seq": 1, "now": 10, "procs": [{"records": recs}], **fields})
+
+
+HEAD = b'{"v":1,"node":1,"seq":1,"now":10,"procs":'
+# What another party may write under phasetrace/node/1: each is refused by the schema with a reason
+# (decode raises ValueError, never RecursionError, AttributeError, OverflowError, MemoryError).
+MALFORMED = {
+    "deep": zlib.compress(HEAD + b"[" * 200_000 + b"]" * 200_000 + b"}", 9),  # ~430 bytes on the wire
+    "deep-unknown": zlib.compress(b'{"x":' + b"[" * 200_000 + b"]" * 200_000 + b"," + HEAD[1:] + b"[]}", 9),
+    "procs-int": _snap(procs=[1]),
+    "records-int": _snap(records=[1]),
+    "label": _snap(records=[{"kind": "identity", "t": 1, "label": "x" * 16_000}]),
+    "attrs": _snap(records=[{"kind": "identity", "t": 1, "attrs": {str(i): i for i in range(5000)}}]),
+    "attr-nested": _snap(records=[{"kind": "identity", "t": 1, "attrs": {"a": {"b": 1}}}]),
+    "kind": _snap(records=[{"kind": "\u001b[2J" * 50, "t": 1}]),
+    "t-str": _snap(records=[{"kind": "process", "t": "1", "pid": 1}]),
+    "t-negative": _snap(records=[{"kind": "process", "t": -1, "pid": 1}]),
+    "t-huge": _snap(records=[{"kind": "process", "t": 1 << 80, "pid": 1}]),
+    "pid-bool": _snap(records=[{"kind": "process", "t": 1, "pid": True}]),
+    "pid-zero": _snap(records=[{"kind": "process", "t": 1, "pid": 0}]),
+    "since-inf": zlib.compress(
+        HEAD + b'[{"records":[{"kind":"heartbeat","t":1,"seq":1,"phases":[{"since_s":1e400}]}]}]}'
+    ),
+    "since-huge": _snap(records=[{"kind": "heartbeat", "t": 1, "seq": 1, "phases": [{"since_s": 1e308}]}]),
+    "nan": zlib.compress(HEAD + b'[{"records":[{"kind":"heartbeat","t":1,"seq":1,"cpu_s":NaN}]}]}'),
+    "span-id": _snap(records=[{"kind": "begin", "t": 1, "span": "zz", "name": "x"}]),
+    "ended": zlib.compress(HEAD + b'[{"records":[],"ended":{"attention.init":["1",-5]}}]}'),
+    "version": _snap(v=2),
+    "node-range": _snap(node=-1),
+    "now-float": _snap(now=1.5),
+    "not-object": zlib.compress(b'"snapshot"'),
+}
+
+
+@pytest.mark.parametrize("name", list(MALFORMED))
+def test_decode_refuses_a_snapshot_the_schema_does_not_allow(name: str) -> None:
+    data = MALFORMED[name]
+    with pytest.raises(ValueError) as caught:
+        decode(data, Snapshot)
+    why = str(caught.value)
+    assert why and len(why) <= 200 and all(c.isprintable() for c in why), why
+    if name == "deep":
+        assert len(data) < 500, len(data)
+
+
+def test_decode_keeps_a_snapshot_the_schema_allows_and_skips_fields_it_does_not_know() -> None:
+    data = _snap(records=[{"kind": "process", "t": 1, "pid": 4242, "host": "h1", "newer_field": {"a": [1]}}])
+    snap = decode(data, Snapshot)
+    assert snap.node == 1 and snap.procs[0].records[0].pid == 4242
+    assert msgspec.to_builtins(snap.procs[0].records) == [{"kind": "process", "t": 1, "pid": 4242, "host": "h1"}]
+
+
+SENT = {cls.__struct_config__.tag: cls for cls in typing.get_args(Record)}  # the kinds a snapshot holds
+
+
+@pytest.mark.parametrize("kind", sorted(SENT))
+def test_the_snapshot_schema_hands_on_no_record_the_journal_refuses(kind: str) -> None:
+    """On the journal's corpus of bad records: what the schema takes passes ``records.validate``
+    (readers rely on it), and a breakage in a field the schema keeps is refused."""
+
+    def taken(record: dict) -> dict | None:
+        try:
+            return msgspec.to_builtins(msgspec.json.decode(line(record).encode(), type=Record))
+        except (msgspec.DecodeError, RecursionError):
+            return None
+
+    assert records.validate(taken(VALID[kind])) is None
+    kept = {"kind", "t", *(f.encode_name for f in msgspec.structs.fields(SENT[kind]))}
+    for bad, (name, _) in zip(broken(kind), BAD[kind], strict=True):
+        got = taken(bad)
+        assert got is None or records.validate(got) is None, (kind, name, got)
+        assert got is None or name not in kept, (kind, name, got)
+
+
+def test_the_largest_payload_allowed_decodes_in_well_under_a_second() -> None:
+    big = encode({"v": 1, "node": 1, "seq": 1, "now": 1, "procs": [], "x": "a" * (DECODE_LIMIT - 100)})
+    start = time.monotonic()
+    assert decode(big, Snapshot).procs == []
+    assert time.monotonic() - start < 1.0
 
 
 def test_a_real_process_group_forms_while_relays_use_its_store() -> None:
@@ -210,9 +354,10 @@ def test_a_real_process_group_forms_while_relays_use_its_store() -> None:
         while not up(node0, node1):
             assert time.monotonic() < deadline, "rank 0 never created the store"
             time.sleep(0.2)
-        assert node0.agree({"launch": "x"}) == {"launch": "x"} and node1.agree({}) == {"launch": "x"}
+        launch = Launch("e" * 32, "x")
+        assert node0.agree(launch, Launch) == launch and node1.agree(Launch("1" * 32), Launch) == launch
         node1.publish(encode({"node": 1}))
-        assert decode(node0.read()[1]) == {"node": 1}
+        assert decode(node0.read()[1], dict) == {"node": 1}
         time.sleep(1.0)
         assert rank0.poll() is None  # still waiting for rank 1: our two clients were not counted
         rank1_started = time.time()

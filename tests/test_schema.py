@@ -26,8 +26,8 @@ def test_every_root_and_ready_phase_is_named_in_keys() -> None:
     assert ready == keys.READY_PHASES, "patches' ready phases and keys.READY_PHASES differ"
 
 
-def _fields(kind: str) -> set[str]:
-    return {"kind", "t"} | {name for name, *_ in records.SCHEMA[kind]}
+def _fields(kind: str) -> frozenset[str]:
+    return records.FIELDS[kind]  # what readers keep (``records.trim``)
 
 
 def test_every_record_the_writers_write_is_in_the_schema(trace_run_dir: Path) -> None:

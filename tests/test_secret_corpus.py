@@ -354,6 +354,189 @@ CORPUS: list[Shape] = [
         ("jmoa66value",),
         "rope_theta",
     ),
+    # issue 29, item 8: shapes that survived (the first twelve), then more of the same families
+    Shape(
+        "cli-flag-quoted-spaces",
+        "launch_server --api-key 'value with spaces 70' --tp 2",
+        ("value with spaces 70", "spaces 70"),
+        "--tp 2",
+    ),
+    Shape(
+        "honeycomb-header",
+        "OTEL_EXPORTER_OTLP_HEADERS=x-honeycomb-team=hcteam71abcdef,x-honeycomb-dataset=sglang",
+        ("hcteam71abcdef",),
+        "x-honeycomb-dataset=sglang",
+    ),
+    Shape(
+        "google-ya29",
+        "GCS 401 with ya29.a0AfH6SMCgoogle72TokenValue_abc-def for bucket weights",
+        ("a0AfH6SMCgoogle72TokenValue",),
+        "for bucket weights",
+    ),
+    Shape(
+        "vault-hvs",
+        "vault read failed: token hvs.CAESIvault73TokenValueabcdef permission denied",
+        ("CAESIvault73TokenValue",),
+        "permission denied",
+    ),
+    Shape(
+        "invalid-api-key-prose",
+        "openai.AuthenticationError: Invalid API key: prose74keyvalue",
+        ("prose74keyvalue",),
+        "AuthenticationError",
+    ),
+    Shape(
+        "go-dsn",
+        "dial root:GoDsn75pw@tcp(db.internal:3306)/weights failed",
+        ("GoDsn75pw",),
+        "@tcp(db.internal:3306)/weights failed",
+    ),
+    Shape("comma-in-value", "login password=abc76,def76tail host=db", ("abc76", "def76tail"), "host=db"),
+    Shape("fullwidth-equals", "password\uff1dfullwidth77value retry", ("fullwidth77value",), "retry"),
+    Shape("structured-sas", '{"sas": "sas78value", "region": "westus"}', ("sas78value",), '"region": "westus"'),
+    Shape("structured-session", '{"session": "sess79value", "user": "bob"}', ("sess79value",), '"user": "bob"'),
+    Shape(
+        "structured-connection-string",
+        '{"connection_string": "Endpoint=sb://ns.x/;SharedAccessKeyName=k;SharedAccessKey=cs80value", "n": 1}',
+        ("cs80value",),
+        '"n": 1',
+    ),
+    Shape(
+        "structured-tokens",
+        '{"tokens": ["tok81first", "tok81second"], "count": 2}',
+        ("tok81first", "tok81second"),
+        '"count": 2',
+    ),
+    Shape("structured-privkey", "{'privkey': 'privk82value', 'cert': '/etc/ssl/c.pem'}", ("privk82value",), "c.pem"),
+    Shape(
+        "aws-sts-json",
+        '{"AccessKeyId": "ASIAQWERTYUIOPASDF83", "SecretAccessKey": "awsjs83secret/abc+def",'
+        ' "SessionToken": "FwoGsess83tokvalue", "Expiration": "2026-01-01"}',
+        ("QWERTYUIOPASDF83", "awsjs83secret", "FwoGsess83tokvalue"),
+        '"Expiration": "2026-01-01"',
+    ),
+    Shape(
+        "azure-storage-connection-string",
+        "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=azkey84+abc/def==;EndpointSuffix=core.windows.net",
+        ("azkey84",),
+        "EndpointSuffix=core.windows.net",
+    ),
+    Shape(
+        "azure-sas-token",
+        "SharedAccessSignature=sv=2022-11-02&ss=b&sig=azsig85abc%3D&se=2026",
+        ("azsig85abc",),
+        "se=2026",
+    ),
+    Shape(
+        "azure-servicebus",
+        "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=Root;SharedAccessKey=sbkey86value=",
+        ("sbkey86value",),
+        "SharedAccessKeyName=Root",
+    ),
+    Shape(
+        "gcp-service-account-json",
+        '{"type": "service_account", "private_key": "-----BEGIN PRIVATE KEY-----\\nMIIEgcp87body\\n'
+        '-----END PRIVATE KEY-----\\n", "client_email": "sa@p.iam.gserviceaccount.com"}',
+        ("MIIEgcp87body",),
+        '"client_email": "sa@p.iam.gserviceaccount.com"',
+    ),
+    Shape(
+        "gcp-oauth-client-secret",
+        f"client_id=app.apps.googleusercontent.com secret {_fake('GOCSPX-', 28, 'Gcp88Oa')}",
+        (_fake("GOCSPX-", 28, "Gcp88Oa")[7:],),
+        "client_id=app",
+    ),
+    Shape(
+        "google-refresh-token",
+        f"refresh with {_fake('1//0g', 40, 'Rf89Tok')} failed",
+        (_fake("1//0g", 40, "Rf89Tok")[5:],),
+        "failed",
+    ),
+    Shape(
+        "curl-bearer-header",
+        'curl -H "Authorization: Bearer curlbr90token" https://api.example.com/v1',
+        ("curlbr90token",),
+        "https://api.example.com/v1",
+    ),
+    Shape(
+        "github-refresh-ghr", f"refresh {_fake('ghr_', 36, 'GhR91tok')} ok", (_fake("ghr_", 36, "GhR91tok")[4:],), "ok"
+    ),
+    Shape(
+        "slack-user-xoxp",
+        "post as xoxp-1234567890-1234567890-1234567890-SlackUser92Tok denied",
+        ("SlackUser92Tok",),
+        "denied",
+    ),
+    Shape(
+        "slack-webhook-services",
+        "alert via https://hooks.slack.com/services/T000/B000/SlackHook93Value failed",
+        ("SlackHook93Value",),
+        "failed",
+    ),
+    Shape(
+        "stripe-webhook-secret",
+        f"verify with {_fake('whsec_', 32, 'Whs94')}",
+        (_fake("whsec_", 32, "Whs94")[6:],),
+        "verify",
+    ),
+    Shape(
+        "stripe-restricted",
+        f"key {_fake('rk_live_', 24, 'Rk95Live')} lacks scope",
+        (_fake("rk_live_", 24, "Rk95Live")[8:],),
+        "lacks scope",
+    ),
+    Shape("jwt-query", f"GET /cb?id_token={JWT}&state=s96", (JWT[:40], JWT[-20:]), "state=s96"),
+    Shape("mysql-dsn", "mysql://root:MyPw97@db:3306/x refused", ("MyPw97",), "db:3306/x refused"),
+    Shape("sqlalchemy-dsn", "engine mysql+pymysql://u:SqlaPw98@db/x?charset=utf8", ("SqlaPw98",), "db/x?charset=utf8"),
+    Shape("amqp-dsn", "amqp://guest:AmqpPw99@rabbit:5672/ closed", ("AmqpPw99",), "rabbit:5672/ closed"),
+    Shape("rediss-dsn", "rediss://:RedisTls100@cache:6380/0", ("RedisTls100",), "cache:6380/0"),
+    Shape(
+        "jdbc-query",
+        "jdbc:postgresql://db:5432/x?user=app&password=Jdbc101pw&ssl=true",
+        ("Jdbc101pw",),
+        "ssl=true",
+    ),
+    Shape(
+        "odbc",
+        "Driver={ODBC Driver 18};Server=tcp:x,1433;Uid=app;Pwd=Odbc102pw;Encrypt=yes",
+        ("Odbc102pw",),
+        "Encrypt=yes",
+    ),
+    Shape(
+        "mongodb-replica",
+        "mongodb://u:Mongo103pw@h1:27017,h2:27017/db?replicaSet=rs",
+        ("Mongo103pw",),
+        "replicaSet=rs",
+    ),
+    Shape(
+        "kafka-jaas",
+        'sasl.jaas.config=PlainLoginModule required username="u" password="Kafka104pw";',
+        ("Kafka104pw",),
+        'username="u"',
+    ),
+    Shape("semicolon-list", "k1=v1;password=Semi105pw;k2=v2", ("Semi105pw",), "k2=v2"),
+    Shape("yaml-flow-map", "creds: {user: u, password: Yaml106pw}", ("Yaml106pw",), "user: u"),
+    Shape("double-quoted-spaces", 'password="dq pass 107" retry', ("dq pass 107", "pass 107"), "retry"),
+    Shape("single-quoted-spaces", "api_key: 'sq key 108' (from env)", ("sq key 108", "key 108"), "(from env)"),
+    Shape("json-escaped-quote", '{"password": "pa\\"ss109word", "port": 5432}', ("ss109word", "pa\\"), '"port": 5432'),
+    Shape("fullwidth-colon", "password\uff1afwcolon110 next", ("fwcolon110",), "next"),
+    Shape("small-equals", "token\ufe66smalleq111 next", ("smalleq111",), "next"),
+    Shape("ideographic-space", "api_key =\u3000idsp112value next", ("idsp112value",), "next"),
+    Shape("fullwidth-key", "\uff50\uff41\uff53\uff53\uff57\uff4f\uff52\uff44=fwkey113 next", ("fwkey113",), "next"),
+    Shape("curl-user", "curl -u admin:Curl114pw https://x.example.com", ("Curl114pw",), "https://x.example.com"),
+    Shape("pgpassword-env", "PGPASSWORD=Pg115pw psql -h db", ("Pg115pw",), "psql -h db"),
+    Shape("unclosed-quote", "RuntimeError: passphrase='Trunc116 tail116", ("Trunc116", "tail116"), "RuntimeError"),
+    Shape("flag-equals-quoted", '--api-key="eq quoted 117" --port 1', ("eq quoted 117", "quoted 117"), "--port 1"),
+    Shape("argv-double-quotes", 'argv ["--api-key", "argvdq118"]', ("argvdq118",), "argv"),
+    Shape("vault-header", "X-Vault-Token: hvs.VaultHdr119abcdefghijklm", ("VaultHdr119",), "X-Vault-Token"),
+    Shape("openrouter", f"router {_fake('sk-or-v1-', 64, 'Or120')}", (_fake("sk-or-v1-", 64, "Or120")[9:],), "router"),
+    Shape(
+        "langsmith",
+        f"LANGSMITH {_fake('lsv2_pt_', 40, 'Ls121')} bad",
+        (_fake("lsv2_pt_", 40, "Ls121")[8:],),
+        "bad",
+    ),
+    Shape("api-key-spaced-prose", "Secret key = spaced122value; retry", ("spaced122value",), "retry"),
 ]
 
 # Ordinary text that must come out exactly as it went in.
@@ -370,11 +553,29 @@ BENIGN = [
     "rank tp1 pp0 @ node3:4242 in dist.init_process_group",
     "tokenizer_mode=auto skip_tokenizer_init=False kv_cache_dtype=auto",
     "bucket_time_to_first_token=[0.1, 0.5]",
+    "launch_server --model-path /models/tiny --tp 2 --dp 1 --port 30000 --host 0.0.0.0",
+    "dist.init_process_group",
+    "model.load_weights tokenizer_manager.init scheduler.init_memory_pool",
+    "/models/meta-llama/Llama-3.1-8B-Instruct",
+    "tokenizer: meta-llama/Llama-3.1-8B-Instruct, tokenizer_mode=auto",
+    "Prefill batch. #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, #running-req: 0",
+    "Decode batch. #running-req: 1, #token: 38, token usage: 0.00, gen throughput (token/s): 3.21",
+    "KV Cache is allocated. #tokens: 1024, K size: 0.50 GB, V size: 0.50 GB",
+    "max_total_num_tokens=1024, chunked_prefill_size=8192, max_prefill_tokens=16384",
+    "Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=62.02 GB, mem usage=15.06 GB.",
+    "special tokens: pad_token=<pad> eos_token=</s> bos_token=<s>",
+    "docker run -u 1000:1000 --shm-size 16g lmsysorg/sglang",
+    "NCCL_SOCKET_IFNAME=eth0 NCCL_IB_DISABLE=1 GLOO_SOCKET_IFNAME=eth0",
+    "git@github.com:sgl-project/sglang.git",
+    "rank tp3 (pid 4242) stalled 95 s in dist.init_process_group; stacks: /runs/x/stacks/node-4242.txt",
+    "Capture cuda graph bs [1, 2, 4, 8, 16]",
+    "API key loaded from the environment",
+    "session_id=abc123 rid=42 enable_session_radix_cache=False",
 ]
 
 
-def test_the_corpus_has_at_least_50_shapes():
-    assert len(CORPUS) >= 50
+def test_the_corpus_has_at_least_100_shapes():
+    assert len(CORPUS) >= 100
     assert len({s.name for s in CORPUS}) == len(CORPUS)
 
 

@@ -1,5 +1,7 @@
 """Journals are untrusted input to the viewers: the HTML report embeds no file outside
-RUN_DIR/stacks/ and cannot have its script broken; the terminal gets no escape sequence.
+RUN_DIR/stacks/ and cannot have its script broken; the terminal gets no escape sequence, from the
+viewers, the watchdog (in the launcher and ``phasetrace watch``), ``phasetrace run`` or a logged
+warning (issue 29, item 4: every printed line goes through ``redact.printable``).
 
 A synthetic stalled run (``cli_fixtures.build_run``) is given a diagnosis naming ``/etc/passwd``,
 ``../../x``, a symlink in stacks/ pointing outside and ``/dev/zero``, an oversized stack dump, a
@@ -9,20 +11,27 @@ escape sequences and rich markup.
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import re
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from cli_fixtures import HOST, build_run
+from sglang_phasetrace.tracing import runtime
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.cli.findings import by_process, findings
-from sglang_phasetrace.tracing.redact import REDACTED
+from sglang_phasetrace.tracing.diagnose import Thresholds
+from sglang_phasetrace.tracing.redact import REDACTED, printable
 from sglang_phasetrace.tracing.render.html_report import MAX_STACK, script_json
 from sglang_phasetrace.tracing.render.lanes import layout
 from sglang_phasetrace.tracing.render.run_text import status_line, summary
 from sglang_phasetrace.tracing.render.term import clean
 from sglang_phasetrace.tracing.rundir import load_run
+from sglang_phasetrace.tracing.watchdog import Watchdog
 
 OSC52 = "\x1b]52;c;cm0gLXJmIH4K\x07"
 EVIL_PHASE = f"evil{OSC52}<!--</script><script>alert(1)</script>\x1b[2J\x9b31m[red]markup[/red]"
@@ -191,3 +200,125 @@ def test_run_summary_and_status_line_are_clean(hostile_run: Path):
 )
 def test_clean(raw, shown):
     assert clean(raw) == shown
+
+
+# -- every line we print: the watchdog, `phasetrace watch`, `phasetrace run`, logged warnings ----------
+CSI_2J = "\x1b[2J"
+EVIL_MESSAGE = f"boom{OSC52} password=evilsecret44{CSI_2J} end"
+S = 1_000_000_000
+TH = Thresholds(heartbeat_s=5, silent_s=15, stall_s=30, no_progress_s=120, blocked_s=30, busy_s=60)
+
+
+def _clean_lines(text: str, repr_ok: bool = False) -> None:
+    """No escape, no control character, no secret; no OSC 52 payload unless ``%r`` wrote it as text."""
+    assert "\x1b" not in text and "\x9b" not in text and "\x07" not in text, repr(text[:2000])
+    assert not CONTROL.findall(text.replace("\n", "")), repr(text[:2000])
+    assert "evilsecret44" not in text, text
+    assert repr_ok or "cm0gLXJmIH4K" not in text, text
+
+
+def _hostile_journals(run: Path, now: int) -> None:
+    """Two ranks on another host: one stalled (silent) in a phase named with escapes, under a label
+    with escapes; one failed in it with an exception message holding escapes and a secret."""
+    (run / "journal").mkdir(parents=True, exist_ok=True)
+    for world in (0, 1):
+        pid = 100 + world
+        root, phase = f"{world:x}{1:015x}", f"{world:x}{2:015x}"
+        label = EVIL_LABEL if world == 0 else f"tp1{CSI_2J}"
+        records = [
+            {"kind": "process", "t": now - 300 * S, "pid": pid, "host": "other", "resource": {}},
+            {"kind": "identity", "t": now - 300 * S, "label": label, "role": "rank", "attrs": {}},
+            {"kind": "begin", "t": now - 300 * S, "span": root, "parent": None, "trace": "a" * 32, "name": "rank"},
+            {"kind": "begin", "t": now - 100 * S, "span": phase, "parent": root, "trace": "a" * 32, "name": EVIL_PHASE},
+        ]
+        if world == 0:
+            records.append({"kind": "heartbeat", "t": now - 60 * S, "seq": 1, "phases": []})
+        else:
+            error = {"type": "RuntimeError", "message": EVIL_MESSAGE}
+            records += [
+                {"kind": "end", "t": now - 90 * S, "span": phase, "status": "error", "attrs": {}, "error": error},
+                {"kind": "end", "t": now - 90 * S, "span": root, "status": "error", "attrs": {}, "error": error},
+            ]
+        (run / "journal" / f"other-{pid}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_printable_redacts_and_cleans():
+    assert printable(f"a{OSC52}b{CSI_2J}c\x9b31md\ne") == "abcd e"
+    assert printable("pass\x1b[0mword=split45secret") == f"password={REDACTED}", "an escape cannot split a key"
+    assert printable("x" * 100_000).count("x") < 17_000 and "characters cut" in printable("x" * 100_000)
+
+
+def test_watchdog_lines_are_clean(tmp_path: Path):
+    now = time.time_ns()
+    _hostile_journals(tmp_path, now)
+    out = io.StringIO()
+    found = Watchdog(tmp_path, TH, out=out, py_spy=False).step(now)
+    printed = out.getvalue()
+    assert found and "STALL rank tp0" in printed, printed
+    _clean_lines(printed)
+    assert "evil<!--</script>" in printed, "the readable rest of the phase name is kept"
+
+
+def test_phasetrace_watch_output_is_clean(tmp_path: Path, capsys):
+    _hostile_journals(tmp_path, time.time_ns())
+    main(["watch", str(tmp_path), "--timeout", "0.5", "--interval", "0.1", "--no-py-spy"])
+    captured = capsys.readouterr()
+    assert "sglang-phasetrace:" in captured.err, captured.err
+    _clean_lines(captured.out + captured.err)
+
+
+# A stand-in launch (as in test_cli_run.py) whose rank fails in a phase named with escapes, under a
+# label with escapes, with a message holding escapes and a secret: what `phasetrace run` prints of it.
+HOSTILE_LAUNCH = r"""
+import json, os, sys, time
+from pathlib import Path
+run = Path(os.environ["SGLANG_PHASETRACE_RUN_DIR"])
+(run / "journal").mkdir(parents=True, exist_ok=True)
+phase, label, message = json.loads(sys.argv[1])
+def write(pid, record):
+    record.setdefault("t", time.time_ns())
+    with open(run / "journal" / f"h-{pid}.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+trace = "ab" * 16
+write(1, {"kind": "process", "pid": 1, "host": "h"})
+write(1, {"kind": "identity", "label": "launcher", "role": "launcher"})
+write(1, {"kind": "begin", "span": "0" * 16, "parent": None, "trace": trace, "name": "sglang.launch",
+          "attrs": {"sglang.phase": "launch.engine"}})
+write(11, {"kind": "process", "pid": 11, "host": "h"})
+write(11, {"kind": "identity", "label": label, "role": "rank"})
+write(11, {"kind": "begin", "span": "1" * 16, "parent": "0" * 16, "trace": trace, "name": "rank",
+           "attrs": {"sglang.phase": "rank"}})
+write(11, {"kind": "begin", "span": "2" * 16, "parent": "1" * 16, "trace": trace, "name": phase,
+           "attrs": {"sglang.phase": phase}})
+time.sleep(1.0)
+error = {"type": "RuntimeError", "message": message}
+write(11, {"kind": "end", "span": "2" * 16, "status": "error", "error": error})
+write(11, {"kind": "end", "span": "1" * 16, "status": "error", "error": error})
+time.sleep(0.5)
+sys.exit(3)
+"""
+
+
+def test_phasetrace_run_lines_are_clean(tmp_path: Path, capsys):
+    script = tmp_path / "hostile_launch.py"
+    script.write_text(HOSTILE_LAUNCH)
+    args = json.dumps([EVIL_PHASE, EVIL_LABEL, EVIL_MESSAGE])
+    base = tmp_path / "runs"
+    code = main(["run", "--dir", str(base), "--interval", "0.2", "--", sys.executable, str(script), args])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "sglang-phasetrace: FAILED" in err and "ROOT CAUSE" in err, err
+    _clean_lines(err)
+
+
+def test_logged_warnings_are_clean(trace_run_dir, caplog):
+    caplog.set_level(logging.WARNING, logger="sglang_phasetrace")
+    runtime.current().start().warn(f"exporter {EVIL_LABEL} failed: {EVIL_MESSAGE}")
+    log = logging.getLogger("sglang_phasetrace")
+    log.warning("sglang-phasetrace: %s not traced: %s", EVIL_PHASE, EVIL_MESSAGE)
+    log.warning("sglang-phasetrace: %s failed: %r", EVIL_PHASE, RuntimeError(EVIL_MESSAGE))
+    messages = [r.getMessage() for r in caplog.records if r.name == "sglang_phasetrace"]
+    assert len(messages) == 3 and all(m.startswith("sglang-phasetrace: ") for m in messages), messages
+    _clean_lines("\n".join(messages[:2]))
+    _clean_lines(messages[2], repr_ok=True)  # repr() already wrote the escapes as text
+    assert "characters cut" in printable(EVIL_MESSAGE * 2000)

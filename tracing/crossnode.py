@@ -19,13 +19,20 @@ A launch with ``--nnodes N --node-rank k --dist-init-addr HOST:PORT`` runs one l
   other node's and its watchdog diagnoses all ranks as one launch. Times are moved onto node 0's
   clock by the snapshot's own ``now`` at arrival (no comparison across clocks); a node whose
   snapshot stops changing is said once, as a notice, rather than blamed rank by rank.
+* **Trust.** Anyone who can reach the store can write its keys. A snapshot is decoded into one
+  schema (``tracing.snapshot``: types, sizes, depth, ranges) and must speak for its own node only:
+  this node's processes are judged from its own journals, never from a report; a snapshot naming
+  this node's host, a host another node reported from, or a process of this node or of another
+  node's report is not used. Each refusal is one warning naming the node, never a lost pass. What
+  is left to a store writer: false verdicts about the node it claims to be, labelled with that node
+  (``docs/multinode-channel.md``, "Trust").
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import itertools
-import json
 import logging
 import os
 import threading
@@ -35,10 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import files, keys, process_state, records
+import msgspec
+
+from . import files, keys, process_state, procs, records
 from .journal import read_regular
-from .relay import Relay, decode, encode
-from .rundir import ProcessRec, RunView
+from .relay import Relay, decode, encode, loads, parse_addr, printable
+from .rundir import ProcessRec, RunView, node_of
+from .snapshot import Launch, LaunchFile, Proc, Record, Snapshot
 
 log = logging.getLogger("sglang_phasetrace")
 
@@ -143,18 +153,18 @@ def mapping_of(run_dir: Path | str | None) -> dict[str, str] | None:
     if run_dir is None:
         return None
     try:
-        data = json.loads(read_regular(Path(run_dir) / LAUNCH_FILE, limit=4096))
+        data = loads(read_regular(Path(run_dir) / LAUNCH_FILE, limit=4096), LaunchFile)
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and isinstance(data.get("trace"), str) else None
+    return {"trace": data.trace, "local_trace": data.local_trace}
 
 
 # -- snapshots: what a node tells the others ----------------------------------------------------------
 
 
-def snapshot(view: RunView, node: int, seq: int, now: int) -> dict[str, Any]:
+def snapshot(view: RunView, node: int, seq: int, now: int) -> Snapshot:
     """This node's processes as records (the journal's schema), small enough to send every beat."""
-    procs = []
+    sent = []
     for p in view.processes:
         if p.remote is not None or p.role not in ("rank", "launcher"):
             continue
@@ -187,21 +197,44 @@ def snapshot(view: RunView, node: int, seq: int, now: int) -> dict[str, Any]:
         ]
         if p.exit is not None:
             recs.append(p.exit)
-        procs.append({"progress_t": p.last_progress_t, "records": recs, "ended": ended})
-    return {"v": 1, "node": node, "seq": seq, "now": now, "procs": procs}
+        sent.append(_fit(p, {"progress_t": p.last_progress_t, "records": recs, "ended": ended}))
+    return Snapshot(1, node, seq, now, sent)
 
 
-def remote_processes(snap: dict[str, Any], offset_ns: int, source: str) -> list[ProcessRec]:
-    """Another node's snapshot as processes, its times moved onto this host's clock by ``offset_ns``."""
+def _fit(p: ProcessRec, entry: dict[str, Any]) -> Proc:
+    """``entry`` as the schema node 0 accepts: a record (or an ended phase) that does not fit it
+    (a name over its size bound, ...) is left out here, said once, rather than the whole snapshot
+    refused there."""
+    try:
+        return msgspec.convert(entry, Proc)
+    except msgspec.ValidationError:
+        pass
+    kept: list[Record] = []
+    for r in entry["records"]:
+        try:
+            kept.append(msgspec.convert(r, Record))
+        except msgspec.ValidationError as exc:
+            if process_state.say_once(("snapshot-fit", p.pid, r.get("kind"))):
+                log.warning(
+                    "sglang-phasetrace: a %s record of %s is not sent to node 0 (%s)", r.get("kind"), p.who, exc
+                )
+    try:
+        ended = msgspec.convert({"records": [], "ended": entry["ended"]}, Proc).ended
+    except msgspec.ValidationError:
+        ended = {}
+    return Proc(kept, entry["progress_t"], ended)
+
+
+def remote_processes(snap: Snapshot, offset_ns: int, source: str) -> list[ProcessRec]:
+    """Another node's snapshot (decoded into the schema, which takes only records the journal's
+    ``records.validate`` takes) as processes, its times moved onto this host's clock by ``offset_ns``."""
     out = []
-    for entry in snap.get("procs") or ():
+    for entry in snap.procs:
         proc = ProcessRec(Path(source) / "remote.jsonl", remote=source)
         told = []
-        for r in entry.get("records") or ():
-            if records.validate(r) is not None:
-                continue
-            r = dict(r, t=r["t"] + offset_ns)
-            if r["kind"] == "process" and isinstance(r.get("boot_t"), int):
+        for r in msgspec.to_builtins(entry.records):
+            r["t"] += offset_ns
+            if r["kind"] == "process" and r.get("boot_t") is not None:
                 r["boot_t"] += offset_ns
             if r["kind"] == "exit":
                 told.append(r)
@@ -210,29 +243,28 @@ def remote_processes(snap: dict[str, Any], offset_ns: int, source: str) -> list[
         if not proc.pid:
             continue
         proc.path = Path(source) / f"{proc.host}-{proc.pid}.jsonl"
-        if isinstance(entry.get("progress_t"), int):
-            proc.last_progress_t = entry["progress_t"] + offset_ns
-        proc.dropped = _ended(entry.get("ended"), offset_ns)
+        if entry.progress_t is not None:
+            proc.last_progress_t = entry.progress_t + offset_ns
+        proc.dropped = {phase: [n, last + offset_ns] for phase, (n, last) in entry.ended.items()}
         proc.exit = next((r for r in told if r.get("pid") == proc.pid), None)
         out.append(proc)
     return out
 
 
-def _ended(value: Any, offset_ns: int) -> dict[str, list[int]]:
-    """A snapshot's phases that ended and were not sent ({phase: [how many, latest end]}), moved onto
-    this clock (whether its peers left a rank behind: ``ProcessRec.ended``); a malformed one is not used."""
-    if not isinstance(value, dict):
-        return {}
-    out = {}
-    for phase, item in value.items():
-        if (
-            isinstance(phase, str)
-            and isinstance(item, list)
-            and len(item) == 2
-            and all(type(x) is int and x >= 0 for x in item)
-        ):
-            out[phase] = [item[0], item[1] + offset_ns]
-    return out
+class Refused(Exception):
+    """A snapshot that decoded but may not be used: why, in words (a warning naming the node)."""
+
+
+def one_machine(rendezvous: str | None) -> bool:
+    """The rendezvous is a loopback address: every node of the launch runs on this machine (the
+    others could not reach the store otherwise), so they share its host name."""
+    parsed = parse_addr(rendezvous or "")
+    if parsed is None:
+        return False
+    try:
+        return parsed[0] == "localhost" or ipaddress.ip_address(parsed[0]).is_loopback
+    except ValueError:
+        return False
 
 
 class CrossNode:
@@ -247,16 +279,19 @@ class CrossNode:
         self.lock = threading.Lock()
         self.outbox: bytes | None = None
         self.inbox: dict[int, bytes] = {}
-        self.agreed: dict[str, Any] | None = None
+        self.agreed: Launch | None = None
         self.seq = itertools.count(1)  # two threads take numbers (a pass, and the last word): next() is atomic
         self.seen: dict[int, tuple[int, int]] = {}  # node -> (its seq, local time it arrived)
         self.offsets: dict[int, int] = {}
         self.payloads: dict[int, bytes] = {}  # node -> its latest payload, as received
+        self.hosts: dict[int, str] = {}  # node -> the host its used snapshots named
+        self.one_machine = one_machine(node.rendezvous)
         self.stale_said: set[int] = set()
+        self.said: set[tuple] = set()  # (node, problem) warned about: once each
         self.stop = threading.Event()
         self.write: Callable[[dict], None] | None = None  # the launcher's journal
         if node.launch_id is not None or node.source == keys.ENV_TRACEPARENT:
-            self.agreed = {"trace": trace, "launch_id": node.launch_id, "source": node.source}
+            self.agreed = Launch(trace, node.launch_id, node.source)
 
     def start(self, write: Callable[[dict], None]) -> None:
         self.write = write
@@ -286,9 +321,8 @@ class CrossNode:
         if not self.relay.connected and not self.relay.connect():
             return
         if self.agreed is None:
-            proposal = {"trace": self.trace, "launch_id": None, "source": "rendezvous"}
-            agreed = self.relay.agree(proposal)
-            if agreed is not None and isinstance(agreed.get("trace"), str):
+            agreed = self.relay.agree(Launch(self.trace), Launch)  # a malformed stored value: None, said once
+            if agreed is not None:
                 self.agreed = agreed
                 self._record(agreed)
         with self.lock:
@@ -300,16 +334,16 @@ class CrossNode:
             with self.lock:
                 self.inbox.update(got)
 
-    def _record(self, agreed: dict[str, Any]) -> None:
+    def _record(self, agreed: Launch) -> None:
         """The ``launch`` record, and ``launch.json`` for this node's processes' exporters."""
-        trace = agreed["trace"]
+        trace = agreed.trace
         local = self.trace if trace != self.trace else None
         rec = records.launch(
             time.time_ns(),
             trace,
             local_trace=local,
-            launch_id=agreed.get("launch_id"),
-            source=str(agreed.get("source") or "rendezvous"),
+            launch_id=agreed.launch_id,
+            source=agreed.source,
             node_rank=self.node.rank,
             nnodes=self.node.nnodes,
             rendezvous=self.node.rendezvous,
@@ -318,48 +352,105 @@ class CrossNode:
             self.write(rec)
         if local is not None:
             try:
-                files.write_atomic(
-                    self.run_dir / LAUNCH_FILE, json.dumps({"trace": trace, "local_trace": local}).encode()
-                )
+                files.write_atomic(self.run_dir / LAUNCH_FILE, msgspec.json.encode(LaunchFile(trace, local)))
             except OSError as exc:
                 files.say_once(self.run_dir / LAUNCH_FILE, exc, "spans are sent under this node's own trace id")
 
     def exchange(self, view: RunView, now: int) -> list[str]:
         """One watchdog pass: offer this node's snapshot; put the other nodes' into ``view``.
-        Returns notices (a node that stopped reporting), each once."""
-        payload = encode(snapshot(view, self.node.rank, next(self.seq), now))
+        Returns notices (a node that stopped reporting), each once. Never raises: whatever another
+        party wrote to the store costs at most one warning naming the node, never the pass."""
+        try:
+            payload: bytes | None = encode(snapshot(view, self.node.rank, next(self.seq), now))
+        except Exception as exc:  # this node's own view: a bug here must not cost the pass either
+            payload = None
+            self._say(self.node.rank, "encode", f"this node's snapshot not sent: {exc!r}")
         with self.lock:
-            self.outbox = payload
+            if payload is not None:
+                self.outbox = payload
             inbox, self.inbox = self.inbox, {}
         for node, data in inbox.items():
             if self.payloads.get(node) == data:  # unchanged since last pass: nothing to decode
                 continue
             self.payloads[node] = data
             try:
-                snap = decode(data)
-                seq = int(snap["seq"])
-                if self.seen.get(node, (None, 0))[0] == seq:
-                    continue
-                self.seen[node] = (seq, now)
-                self.offsets[node] = now - int(snap["now"])
-                view.set_remote(f"node-{node}", remote_processes(snap, self.offsets[node], f"node-{node}"))
-                self.stale_said.discard(node)
-            except (KeyError, TypeError, ValueError) as exc:
-                if process_state.say_once(("relay", "decode", node)):
-                    log.warning("sglang-phasetrace: node-%s's snapshot not used: %r", node, exc)
+                self._take(view, node, data, now)
+            except Refused as exc:
+                self._say(node, "refused", f"node-{node}'s snapshot not used: {exc}")
+            except Exception as exc:  # ValueError: not of the schema; anything else: still one warning
+                self._say(node, "unreadable", f"node-{node}'s snapshot not used: {printable(str(exc) or repr(exc))}")
         notices = []
         for node, (_, t) in self.seen.items():
             age = (now - t) / 1e9
-            procs = view.remote.get(f"node-{node}") or []
-            done = all(p.ready for p in procs if p.role == "rank")
+            reported = view.remote.get(f"node-{node}") or []
+            done = all(p.ready for p in reported if p.role == "rank")
             if age > self.stale_s and node not in self.stale_said and not done:
                 self.stale_said.add(node)
                 notices.append(
                     f"node-{node} stopped reporting {age:.0f} s ago (its launcher, or the network to "
                     f"{self.node.rendezvous}): its ranks' last known state is shown, not judged"
                 )
-                view.set_remote(f"node-{node}", [p for p in procs if p.role == "launcher"])
+                view.set_remote(f"node-{node}", [p for p in reported if p.role == "launcher"])
         return notices
+
+    def _take(self, view: RunView, node: int, data: bytes, now: int) -> None:
+        """Node ``node``'s payload into ``view``, or ``Refused``/``ValueError`` saying why not."""
+        snap = decode(data, Snapshot)
+        if snap.node != node:
+            raise Refused(f"it says it is node-{snap.node}")
+        if self.seen.get(node, (None, 0))[0] == snap.seq:
+            return
+        offset = now - snap.now
+        reported = remote_processes(snap, offset, f"node-{node}")
+        host = self._check(view, node, reported)
+        self.seen[node] = (snap.seq, now)
+        self.offsets[node] = offset
+        if host is not None:
+            self.hosts[node] = host
+        view.set_remote(f"node-{node}", reported)
+        self.stale_said.discard(node)
+
+    def _check(self, view: RunView, node: int, reported: list[ProcessRec]) -> str | None:
+        """A snapshot speaks for its own node only: the node its processes say they run on, one host,
+        not this node's host nor one another node reported from (unless every node runs on this
+        machine: a loopback rendezvous), and none of this node's processes or another node's.
+        Returns the host it names; ``Refused`` when it may not be used."""
+        here = procs.this_host()
+        for p in reported:
+            claimed = p.identity.get(keys.NODE_RANK)
+            if claimed is not None and claimed != node:
+                raise Refused(f"its pid {p.pid} says it runs on node-{printable(str(claimed), 20)}")
+            p.identity[keys.NODE_RANK] = node  # who names it so (``ProcessRec.who``)
+        hosts = {p.host for p in reported}
+        if len(hosts) > 1:
+            raise Refused(f"it names {len(hosts)} hosts (a node is one machine)")
+        host = next(iter(hosts), None)
+        shown = printable(repr(host), 80)
+        if host is not None and self.one_machine and host != here:
+            raise Refused(
+                f"it names host {shown}, but the rendezvous {self.node.rendezvous} is a loopback address: "
+                f"every node runs on this one ({here})"
+            )
+        if host is not None and not self.one_machine:
+            if host == here:
+                raise Refused(f"it names this node's host {shown}")
+            other = next((k for k, h in self.hosts.items() if h == host and k != node), None)
+            if other is not None:
+                raise Refused(f"it names host {shown}, node-{other}'s")
+        mine = {(p.host, p.pid) for p in view.processes if p.remote is None and node_of(p) in (None, self.node.rank)}
+        theirs = {(p.host, p.pid): src for src, ps in view.remote.items() if src != f"node-{node}" for p in ps}
+        for p in reported:
+            if (p.host, p.pid) in mine:
+                raise Refused(f"it names pid {p.pid} on {shown}, a process of this node (judged from its journal)")
+            if (p.host, p.pid) in theirs:
+                raise Refused(f"it names pid {p.pid} on {shown}, which {theirs[p.host, p.pid]} reported")
+        return host
+
+    def _say(self, node: int, problem: str, text: str) -> None:
+        """One warning per node and problem (a key rewritten every pass is said once)."""
+        if (node, problem) not in self.said:
+            self.said.add((node, problem))
+            log.warning("sglang-phasetrace: %s", text)
 
     def finish(self) -> None:
         """At ready: the relay thread sends this node's last snapshot (its ranks ready), then stops."""

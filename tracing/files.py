@@ -77,6 +77,50 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+def not_private(path: Path | str) -> str | None:
+    """Why ``path`` (its last component not followed) is no proof of anything: a symbolic link,
+    owned by another user (other than root), or writable by group or others. None: it is this
+    user's alone. A reader decides to signal a process only on what such files say."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"{path}: cannot be read ({exc.strerror or exc})"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symbolic link"
+    if not _trusted_owner(st.st_uid):
+        return f"{path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def open_dir(path: Path) -> int:
+    """A descriptor on the private directory ``path`` (``private_dir``: made 0700 if missing, a
+    link or another user's refused), opened without following a link swapped in meanwhile: files
+    are then made in it with ``create_new``, never through a path that could be redirected."""
+    private_dir(path)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if not _trusted_owner(st.st_uid):
+        os.close(fd)
+        raise UnsafeDirectory(f"{path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})")
+    return fd
+
+
+def create_new(dir_fd: int, name: str) -> tuple[int, str]:
+    """A new 0600 file in the directory ``dir_fd``: ``name``, or ``stem-2.ext``, ``stem-3.ext``…
+    when taken (``O_EXCL|O_NOFOLLOW``: never an existing file, never a planted link). Returns the
+    write descriptor and the name used."""
+    stem, dot, ext = name.rpartition(".") if "." in name else (name, "", "")
+    for n in range(1, 100):
+        candidate = name if n == 1 else f"{stem}-{n}{dot}{ext}"
+        try:
+            return os.open(candidate, _O_NEW, _FILE_MODE, dir_fd=dir_fd), candidate
+        except FileExistsError:
+            continue
+    raise FileExistsError(17, "File exists", name)
+
+
 def _refuse_foreign(fd: int, path: Path) -> None:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or not _trusted_owner(st.st_uid):

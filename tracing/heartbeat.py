@@ -34,7 +34,10 @@ class Heartbeat:
         self.seq = 0
         self.cpu_last = self._cpu()
         self.t_last, self.activity = time.time_ns(), activity.Activity()  # record(): deltas per beat
-        self.status_path = files.private_dir(Path(rt.run_dir) / STATUS_DIR) / f"{rt.journal.path.stem}.json"
+        # its directory is checked (made) on the first beat, on the heartbeat thread: nothing here
+        # touches the filesystem from SGLang's thread, which may not wait on a disk that stopped answering
+        self.status_path = Path(rt.run_dir) / STATUS_DIR / f"{rt.journal.path.stem}.json"
+        self.status_dir_ok = False
         self.stop = threading.Event()
         self.lock = threading.Lock()  # beat() runs on the thread and at ready (on_ready)
         self.failed = False
@@ -91,6 +94,9 @@ class Heartbeat:
             journal = self.rt.journal
             if journal is not None and not journal.flush():  # records held back: say so here
                 record = records.unwritten(record, journal.trouble())
+            if not self.status_dir_ok:
+                files.private_dir(self.status_path.parent)  # a link or another user's: raised, said once
+                self.status_dir_ok = True
             try:
                 files.write_atomic(self.status_path, json.dumps(record, separators=(",", ":"), default=str).encode())
             except OSError as exc:  # a full or read-only disk: said once per process; beats go on
@@ -99,14 +105,22 @@ class Heartbeat:
 
     def run(self) -> None:
         while True:
-            try:
-                self.beat()
-            except Exception as exc:  # never let the thread die; say so once
-                if not self.failed:
-                    self.failed = True
-                    log.warning("sglang-phasetrace: heartbeat failed: %r", exc)
+            self.beat_safely()
             if self.stop.wait(self.interval):
                 return
+
+    def beat_safely(self) -> None:
+        try:
+            self.beat()
+        except Exception as exc:  # never let the thread die; say so once
+            if not self.failed:
+                self.failed = True
+                log.warning("sglang-phasetrace: heartbeat failed: %r", exc)
+
+    def beat_soon(self) -> None:
+        """A beat now, on a thread of its own (run at ready): the status file says "ready" at once,
+        and SGLang's thread waits neither for the disk nor for a beat in progress."""
+        threading.Thread(target=self.beat_safely, name="phasetrace-heartbeat-ready", daemon=True).start()
 
 
 def current() -> Heartbeat | None:
@@ -125,5 +139,5 @@ def start(rt: runtime.Runtime) -> Heartbeat | None:
         log.warning("sglang-phasetrace: heartbeat not started: %r", exc)
         return None
     threading.Thread(target=beat.run, name="phasetrace-heartbeat", daemon=True).start()
-    rt.on_ready.append(beat.beat)  # the status file says "ready" at once, not a beat later
+    rt.on_ready.append(beat.beat_soon)  # the status file says "ready" at once, not a beat later
     return beat

@@ -1,8 +1,10 @@
 """The local journal: one append-only JSON-lines file per process, written as things happen.
 
 Each record is one ``os.write`` of one line on an ``O_APPEND`` descriptor: no user-space buffer,
-so whatever was written survives ``kill -9``. A phase that never ends leaves its ``begin`` record
-and no ``end`` record; readers treat that as "still running, or died there".
+so whatever was written survives ``kill -9``. The write is made by the writer's thread while the
+caller waits for it, bounded (``JournalWriter``): a disk that stops answering never holds SGLang.
+A phase that never ends leaves its ``begin`` record and no ``end`` record; readers treat that as
+"still running, or died there".
 
 The record schema (kinds, fields, types) is ``tracing.records``: its constructors build records,
 and the reader here (``JournalTail``) skips and names, as ``file:line: why``, any line it refuses.
@@ -10,6 +12,7 @@ and the reader here (``JournalTail``) skips and names, as ``file:line: why``, an
 
 from __future__ import annotations
 
+import _thread
 import errno
 import json
 import logging
@@ -18,8 +21,9 @@ import os
 import stat
 import threading
 import time
+import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from itertools import compress
 
 import msgspec
@@ -31,8 +35,8 @@ except ImportError:  # pragma: no cover
 from pathlib import Path
 from typing import Any
 
-from . import files
-from .records import BULK, BULK_PREFIX, KINDS, all_valid, bulk_valid, validate, warning
+from . import files, keys
+from .records import BULK, BULK_PREFIX, KINDS, all_valid, bulk_valid, trim, validate, warning
 
 log = logging.getLogger("sglang_phasetrace")
 
@@ -51,76 +55,246 @@ def _line(record: dict) -> bytes:
     return (dumps(record) + "\n").encode("utf-8", "replace")
 
 
-class JournalWriter:
-    """Appends records to one file (created 0600, never through a link); thread-safe.
+WRITE_WAIT_S = 1.0  # how long a journal write may hold its caller (keys.ENV_WRITE_WAIT)
 
-    ``write`` never raises. A record is written whole or not at all: a write cut short (a full
-    disk) is cut back off the file, so the next record starts on a fresh line. Records that cannot
-    be written are held back (up to ``HELD``) and written in order before the next one that can,
-    followed by a ``warning`` record saying when writing failed and what was dropped: a disk full
-    for a while does not lose a rank root's ``end`` (readers would call a healthy rank gone). The
-    first failure is said once per process, naming the file and the reason.
+
+def write_wait_s() -> float:
+    """``SGLANG_PHASETRACE_WRITE_WAIT_S``: seconds a caller waits for its journal record to be
+    written; anything but a positive number gives the default ``WRITE_WAIT_S``."""
+    try:
+        value = float(os.environ.get(keys.ENV_WRITE_WAIT) or WRITE_WAIT_S)
+    except ValueError:
+        return WRITE_WAIT_S
+    return value if 0 < value < float("inf") else WRITE_WAIT_S
+
+
+class _Entry:
+    """One record on its way: its line, and the lock its writer waits on (None: nobody waits)."""
+
+    __slots__ = ("data", "done", "ok")
+
+    def __init__(self, data: bytes, wait: bool) -> None:
+        self.data = data
+        self.done: _thread.LockType | None = None
+        self.ok: bool | None = None  # set once tried: written or not
+        if wait:
+            self.done = _thread.allocate_lock()
+            self.done.acquire()
+
+
+class JournalWriter:
+    """Appends records to one file (created 0600, never through a link); thread-safe, fork-safe.
+
+    Every write to the file is made by the writer's own thread, and no lock a caller takes is held
+    across it. ``write`` hands its record over and waits until it is written, up to ``wait_s``: with
+    a disk that answers, the record is on disk before the caller goes on (a phase's ``begin``
+    survives the ``kill -9`` or the hang that follows it, as with a direct write). A write that has
+    not returned by then (a hard-mounted NFS server that stopped answering) is taken as stuck: said
+    once, naming the file; from then on callers do not wait at all, and records queue behind the
+    stuck one until it returns. So a stuck disk costs a caller ``wait_s`` once, and exit no more
+    (``hurry``). ``write`` never raises.
+
+    A record is written whole or not at all: a write cut short (a full disk) is cut back off the
+    file, so the next record starts on a fresh line. Records that cannot be written (a full disk,
+    a stuck one) are held back (up to ``HELD``, the oldest dropped beyond) and written in order
+    when writing works again, followed by a ``warning`` record saying when writing failed and how
+    many were dropped: a disk full for a while does not lose a rank root's ``end`` (readers would
+    call a healthy rank gone). A full disk is retried at the next ``write`` or ``flush``. The first
+    failure of each kind is said once per process, naming the file and the reason.
     """
 
     HELD = 4096
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, wait_s: float | None = None) -> None:
         files.private_dir(path.parent)
         self.path = path
+        self.wait_s = write_wait_s() if wait_s is None else wait_s
         self._fd = files.open_append(path)
-        self._end = os.fstat(self._fd).st_size  # end of the last whole record
+        self._end = os.fstat(self._fd).st_size  # end of the last whole record; -1: unknown (forked)
         self._torn = False  # a cut record could not be removed: the next write starts a new line
-        self._lock = threading.RLock()  # a signal handler may write while the main thread does
-        self._held: deque[bytes] = deque()
+        self._reset()
+        _WRITERS.add(self)
+
+    def _reset(self) -> None:
+        """What callers share with the writer thread, made anew in a forked child: that thread is
+        gone there, a lock may be held by a thread that does not exist, and what the parent had
+        queued is the parent's to write."""
+        self._lock = threading.RLock()  # held briefly, never across a write; RLock: signal handlers
+        self._go = _thread.allocate_lock()  # released: the writer thread has something to do
+        self._go.acquire()
+        self._queue: deque[_Entry] = deque()  # records not written yet, in order
+        self._late = 0  # how many at the front of the queue were held back (written before the note)
+        self._poked = self._busy = self._stuck = self._closing = False
+        self._in_hand = 0  # records the writer thread is writing now
+        self._thread: threading.Thread | None = None
+        self._until: float | None = None  # hurry(): no caller waits past this (time.monotonic)
         self._dropped = 0
         self._failed_since: int | None = None  # time of the first failure not yet recovered from
         self.error: OSError | None = None  # the latest failure, for the status file
         self._warned = False
 
+    def _forked(self) -> None:
+        self._end = -1  # whatever the parent's writer was doing: the writer thread looks again
+        self._reset()
+
     def write_or_raise(self, record: dict) -> None:
-        """Write one record now or raise ``OSError`` (the first record: no journal without it)."""
+        """Write one record now, on this thread, or raise ``OSError``: the first record (no journal
+        without it), written before any ``write`` hands one to the writer thread."""
         with self._lock:
+            if self._busy or self._queue:
+                raise OSError(errno.EBUSY, "journal writes in progress", str(self.path))
             self._append(_line(record))
 
     def write(self, record: dict) -> bool:
-        """Append ``record``; False when it was held back or dropped (said once per process)."""
+        """Append ``record``; False when it is not written (yet): held back, dropped, or waited for
+        ``wait_s`` in vain (each problem said once per process)."""
         try:
             data = _line(record)
         except (TypeError, ValueError, RecursionError) as exc:
             self._say(f"journal record of kind {record.get('kind')!r} not written: {exc!r}")
             return False
+        # A signal handler that writes while its thread is in here waits for nothing: the writer
+        # thread needs the lock that thread holds.
+        nested = self._lock._is_owned()  # type: ignore[attr-defined]
         with self._lock:
-            if self._fd < 0:
+            if self._fd < 0 or self._closing:
                 return False
-            if self._failed_since is None or self.flush():
-                try:
-                    self._append(data)
-                    return True
-                except OSError as exc:
-                    self._failed(exc)
-            self._held.append(data)
-            if len(self._held) > self.HELD:
-                self._held.popleft()
-                self._dropped += 1
-            return False
+            entry = self._put(data, wait=not (self._stuck or nested))
+            if self._stuck or not self._poke():
+                return False
+        return entry.done is not None and self._wait(entry) and bool(entry.ok)
 
     def flush(self) -> bool:
-        """Write what was held back, then the note of the gap; True once nothing is left to write."""
+        """Have what was held back written, then the note of the gap, waiting up to ``wait_s``
+        (not at all while writes are stuck); True once nothing is left to write."""
         with self._lock:
-            if self._failed_since is None:
+            if self._failed_since is None and not self._queue:
                 return True
-            if self._fd < 0:
+            if self._fd < 0 or self._closing or self._stuck:
                 return False
+            marker = _Entry(b"", wait=True)  # written (nothing) after what is queued, and the note
+            self._queue.append(marker)
+            if not self._poke():
+                return False
+        self._wait(marker)
+        with self._lock:
+            return self._failed_since is None and not self._queue
+
+    def hurry(self, within_s: float | None = None) -> None:
+        """From now on no caller waits past ``within_s`` (default: ``wait_s``) from now, however
+        many records it writes: the bound of the exit path (``lifecycle``)."""
+        with self._lock:
+            self._until = time.monotonic() + (self.wait_s if within_s is None else within_s)
+
+    def _put(self, data: bytes, wait: bool) -> _Entry:
+        """Queue ``data`` (lock held). Beyond ``HELD`` the oldest is dropped."""
+        entry = _Entry(data, wait)
+        self._queue.append(entry)
+        if self._stuck:
+            self._late += 1
+        self._trim()
+        return entry
+
+    def _trim(self) -> None:
+        while len(self._queue) > self.HELD:
+            self._queue.popleft()
+            self._dropped += 1
+            self._late = max(0, self._late - 1)
+
+    def _poke(self) -> bool:
+        """Wake the writer thread (lock held; started on first use: never in a process that
+        writes nothing); False when it cannot be started (interpreter shutdown)."""
+        self._poked = True
+        if self._thread is None:
+            thread = threading.Thread(target=self._run, name="phasetrace-journal", daemon=True)
             try:
-                while self._held:
-                    self._append(self._held[0])
-                    self._held.popleft()
-                self._append(_line(self._gap_note()))
-            except OSError as exc:
-                self._failed(exc)
+                thread.start()
+            except RuntimeError:
                 return False
-            self._failed_since, self._dropped, self.error = None, 0, None
+            self._thread = thread
+        if self._go.locked():
+            self._go.release()
+        return True
+
+    def _wait(self, entry: _Entry) -> bool:
+        """Wait until ``entry`` was tried, up to ``wait_s`` (and ``hurry``'s bound); False when the
+        writer thread did not come back by then: writes are stuck (said once). Past ``hurry``'s
+        bound already, no wait and nothing said: the record may yet be written before exit."""
+        left = self.wait_s
+        if self._until is not None:
+            left = min(left, self._until - time.monotonic())
+        if left > 0 and entry.done.acquire(True, left):
             return True
+        with self._lock:
+            if entry.ok is not None:  # tried just now
+                return True
+            if left > 0 and not self._stuck and (self._busy or self._poked):
+                self._stuck = True
+                self._late = len(self._queue)
+                self._failed(
+                    OSError(errno.ETIMEDOUT, f"no answer within {self.wait_s:g} s"),
+                    f"records are queued (up to {self.HELD}) and written once it answers; nothing waits for it",
+                )
+        return False
+
+    def _run(self) -> None:
+        """The writer thread: takes what is queued, writes it outside the lock, says how it went."""
+        while True:
+            self._go.acquire()
+            with self._lock:
+                if self._closing:
+                    self._close_fd()
+                    return
+                self._poked = False
+                batch, late = list(self._queue), self._late
+                self._queue.clear()
+                self._late = 0
+                note = _line(self._gap_note()) if self._failed_since is not None else None
+                if not batch and note is None:
+                    continue
+                self._busy, self._in_hand = True, len(batch)
+            written, noted, exc = self._write_batch([e.data for e in batch], late, note)
+            with self._lock:
+                self._busy = self._stuck = False
+                self._in_hand = 0
+                self._settle(batch, written, noted, exc)
+
+    def _write_batch(self, batch: list[bytes], late: int, note: bytes | None) -> tuple[int, bool, OSError | None]:
+        """The held-back records, the note of the gap, the rest (each part one write): how many of
+        ``batch`` were written, whether the note was, and the error that stopped it."""
+        written, noted = 0, False
+        try:
+            if self._end < 0:
+                self._end = os.fstat(self._fd).st_size
+            if note is not None:
+                if late:
+                    self._append(b"".join(batch[:late]))
+                    written = late
+                self._append(note)
+                noted = True
+            if written < len(batch):
+                self._append(b"".join(batch[written:]))
+                written = len(batch)
+        except Exception as exc:  # never the end of the writer thread
+            return written, noted, exc if isinstance(exc, OSError) else OSError(errno.EIO, repr(exc))
+        return written, noted, None
+
+    def _settle(self, batch: list[_Entry], written: int, noted: bool, exc: OSError | None) -> None:
+        """After an attempt (lock held): keep back what was not written, tell the waiting callers."""
+        if noted:
+            self._failed_since, self._dropped, self.error = None, 0, None
+        if exc is not None:
+            self._queue.extendleft(reversed([e for e in batch[written:] if e.data]))
+            self._late = len(self._queue)  # all held back now; the next write or flush tries again
+            self._trim()
+            self._failed(exc, f"records are held back (up to {self.HELD}) and written once it can be")
+        elif self._queue or self._failed_since is not None:
+            self._poke()  # what came meanwhile (behind a stuck write), or the note still owed
+        for i, entry in enumerate(batch):
+            if entry.ok is None:  # its first try: whoever waits for it is told (one held back, once)
+                entry.ok = i < written
+                if entry.done is not None:
+                    entry.done.release()
 
     def _gap_note(self) -> dict:
         now = time.time_ns()
@@ -137,7 +311,7 @@ class JournalWriter:
             data = b"\n" + data
         try:
             files.write_all(self._fd, data)
-        except OSError:
+        except Exception:
             try:
                 os.ftruncate(self._fd, self._end)  # whole or not at all
                 self._torn = False
@@ -150,11 +324,11 @@ class JournalWriter:
         else:
             self._end += len(data)
 
-    def _failed(self, exc: OSError) -> None:
+    def _failed(self, exc: OSError, consequence: str) -> None:
         self.error = exc
         if self._failed_since is None:
             self._failed_since = time.time_ns()
-        files.say_once(self.path, exc, f"records are held back (up to {self.HELD}) and written once it can be")
+        files.say_once(self.path, exc, consequence)
 
     def _say(self, message: str) -> None:
         if not self._warned:
@@ -169,15 +343,39 @@ class JournalWriter:
             return {
                 "error": _reason(self.error),
                 "since": self._failed_since,
-                "held": len(self._held),
+                "held": len(self._queue) + self._in_hand,
                 "dropped": self._dropped,
             }
 
     def close(self) -> None:
+        """Stop the writer thread and close the file; what is not written by then is dropped. A
+        write in progress (even a stuck one) keeps the descriptor until it returns: its number is
+        never reused under it."""
         with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+            if self._fd < 0 or self._closing:
+                return
+            self._closing = True
+            if self._thread is not None:
+                self._poke()
+            if not self._busy:
+                self._close_fd()
+
+    def _close_fd(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+_WRITERS: weakref.WeakSet[JournalWriter] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for writer in list(_WRITERS):
+        writer._forked()
+
+
+# As ``logging`` does for its handlers' locks: writers are objects a child may still hold (a CLI's).
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _reason(exc: BaseException | None) -> str:
@@ -187,13 +385,31 @@ def _reason(exc: BaseException | None) -> str:
     return str(exc)
 
 
+LINE_MAX = 1 << 20  # bytes of one journal line readers take (a record: ~300 bytes; a heartbeat: a few KiB)
+JOURNAL_MAX = 256 << 20  # bytes of one journal readers read (a rank's init: ~170 KiB; a hung one's: ~40 MiB a day)
+ENV_JOURNAL_MAX = "SGLANG_PHASETRACE_JOURNAL_MAX_MB"  # sets JOURNAL_MAX, in MiB
+READ_BYTES = 16 << 20  # read at a time
+
+
+def journal_max() -> int:
+    """Bytes of one journal that readers read: ``SGLANG_PHASETRACE_JOURNAL_MAX_MB`` MiB, or ``JOURNAL_MAX``."""
+    try:
+        mib = float(os.environ.get(ENV_JOURNAL_MAX) or 0)
+    except ValueError:
+        return JOURNAL_MAX
+    return int(mib * 2**20) if 0 < mib < 2**40 else JOURNAL_MAX
+
+
 class JournalTail:
-    """Reads one journal incrementally (the watchdog polls it) or whole (the CLI).
+    """Reads one journal incrementally (the watchdog polls it) or whole (the CLI), ``READ_BYTES`` at a
+    time: a journal is never held whole, and what a reader keeps is what it parsed.
 
     A last line without its newline is a write in progress, or one cut by ``kill -9``: a live read
     leaves it for next time; a ``final`` read parses it, and reports it if it is broken.
     Every unusable line (not JSON, or a record ``records.validate`` refuses) is reported once, as
-    ``file:line: why``, and skipped; the rest of its chunk is used.
+    ``file:line: why``, and skipped; the rest of its chunk is used. So is a line over ``LINE_MAX``
+    (never held whole: a file of zeros, sparse or left by a crash, is one long line). Reading stops
+    at ``journal_max()`` bytes, said once with how to read more.
     """
 
     def __init__(self, path: Path) -> None:
@@ -203,21 +419,27 @@ class JournalTail:
         self.problems: list[str] = []
         self.unknown_kinds: set[str] = set()
         self._unreadable: str | None = None  # the reason said for a file that cannot be read
+        self._long = False  # inside a line over ``LINE_MAX`` (said): skipped up to its newline
+        self._capped = False  # ``journal_max()`` bytes read (said): nothing more is
         self._chunk: tuple[list[bytes], Sequence[int], list[int] | None] = ([], (), None)  # for line_of()
 
     def read(self, final: bool = False) -> list[dict]:
         """The records appended since the last read, as dicts."""
-        lines, numbers = self._next_lines(final)
-        return self._records(lines, numbers) if lines else []
+        out: list[dict] = []
+        for lines, numbers in self.pieces(final):
+            out += self._records(lines, numbers)
+        return out
 
-    def read_bulk(self, final: bool = False) -> tuple[dict[str, list[Any]], list[dict]]:
-        """``read`` for a reader that keeps every span (``rundir``): the lines of the bulk kinds
-        (``records.BULK``: nearly all of a journal) decoded straight into objects, per kind in file
-        order, and the other records as ``read`` gives them. A chunk with a line the fast path
-        refuses goes ``read``'s way whole, so each bad line is named as usual."""
-        lines, numbers = self._next_lines(final)
-        if not lines:
-            return {}, []
+    def bulk_pieces(self, final: bool = False) -> Iterator[tuple[dict[str, list[Any]], list[dict]]]:
+        """``read`` for a reader that keeps every span (``rundir``), one piece (``pieces``) at a time:
+        the lines of the bulk kinds (``records.BULK``: nearly all of a journal) decoded straight into
+        objects, per kind in file order, and the other records as ``read`` gives them (``line_of``
+        names their lines until the next piece). A piece with a line the fast path refuses goes
+        ``read``'s way whole, so each bad line is named as usual."""
+        for lines, numbers in self.pieces(final):
+            yield self._bulk(lines, numbers)
+
+    def _bulk(self, lines: list[bytes], numbers: Sequence[int]) -> tuple[dict[str, list[Any]], list[dict]]:
         heads = list(map(_HEAD, lines))
         bulk: dict[str, list[Any]] = {}
         try:
@@ -228,26 +450,78 @@ class JournalTail:
                     if not bulk_valid(kind, items):
                         raise ValueError(kind)
                     bulk[kind] = items
-        except (msgspec.DecodeError, ValueError):  # ValidationError is a DecodeError
-            return {}, self._records(lines, numbers)
+        except (msgspec.DecodeError, ValueError, RecursionError):  # ValidationError is a DecodeError;
+            return {}, self._records(lines, numbers)  # msgspec recurses into a line nested ~1000 deep
         if not bulk:
             return {}, self._records(lines, numbers)
         rest = list(map(operator.not_, map(BULK.__contains__, heads)))
         return bulk, self._records(list(compress(lines, rest)), list(compress(numbers, rest)))
 
-    def _next_lines(self, final: bool) -> tuple[list[bytes], range]:
+    def pieces(self, final: bool = False) -> Iterator[tuple[list[bytes], Sequence[int]]]:
         """The whole lines appended since the last read (and a last one without its newline when
-        ``final``), with their line numbers in the file."""
-        data = self._read_more()
-        if not data:
-            return [], range(0)
-        end = len(data) if final else data.rfind(b"\n") + 1
-        lines = data[:end].split(b"\n")
-        if lines[-1] == b"":
-            lines.pop()
-        self.offset += end
-        self.lines += len(lines)
-        return lines, range(self.lines - len(lines) + 1, self.lines + 1)
+        ``final``), at most ``READ_BYTES`` of them at a time, with their line numbers in the file.
+        A line over ``LINE_MAX`` is said (``file:line``) and skipped, the next one read; reading
+        stops at ``journal_max()`` bytes of the file (said)."""
+        cap = journal_max()
+        while not self._capped:
+            want = min(max(READ_BYTES, LINE_MAX + 1), cap - self.offset)  # a line that fits fits in one read
+            data, size = self._read_more(max(want, 1))  # past the cap: one byte, to tell whether there is more
+            if not data:
+                return
+            if want <= 0:
+                self._cap(cap)
+                return
+            at_end = self.offset + len(data) >= size
+            start = 0
+            if self._long:  # the rest of a line over LINE_MAX
+                start = data.find(b"\n") + 1
+                if not start:
+                    self.offset += len(data)
+                    if at_end:
+                        return
+                    continue
+                self._long = False
+            end = data.rfind(b"\n", start) + 1 or start
+            self.offset += start
+            if end > start:
+                lines = data[start:end].split(b"\n")
+                lines.pop()
+                first = self.lines + 1
+                self.lines += len(lines)
+                self.offset += end - start
+                yield self._short(lines, range(first, self.lines + 1), end - start)
+            rest = len(data) - end  # a line without its newline (yet)
+            if rest > LINE_MAX:
+                self.lines += 1
+                self.problems.append(f"{self.path}:{self.lines}: {_LONG}")
+                self.offset += rest
+                self._long = True
+                if at_end:
+                    return
+            elif at_end:
+                if final and rest:
+                    self.lines += 1
+                    self.offset += rest
+                    yield [data[end:]], range(self.lines, self.lines + 1)
+                return
+            elif not end and len(data) == want <= LINE_MAX:  # the cap cuts the line it reached
+                self._cap(cap)
+                return
+
+    def _short(self, lines: list[bytes], numbers: range, size: int) -> tuple[list[bytes], Sequence[int]]:
+        """``lines`` without those over ``LINE_MAX`` (said): ``size`` bytes of them in all."""
+        if size <= LINE_MAX or max(map(len, lines)) <= LINE_MAX:
+            return lines, numbers
+        keep = [len(line) <= LINE_MAX for line in lines]
+        self.problems += [f"{self.path}:{n}: {_LONG}" for n, ok in zip(numbers, keep, strict=True) if not ok]
+        return list(compress(lines, keep)), list(compress(numbers, keep))
+
+    def _cap(self, cap: int) -> None:
+        self._capped = True
+        self.problems.append(
+            f"{self.path}:{self.lines + (not self._long)}: the rest of this journal, past {cap / 2**20:g} MiB (the "
+            f"cap on what is read of one journal; set {ENV_JOURNAL_MAX} to a number of MiB to read more)"
+        )
 
     def _records(self, lines: list[bytes], numbers: Sequence[int]) -> list[dict]:
         """``lines`` (line ``numbers[i]`` of the file each) as valid records; the rest reported."""
@@ -265,51 +539,73 @@ class JournalTail:
             return [r for _, r in numbered]
         self._chunk = (lines, numbers, None)
         if all_valid(records):  # the fast path's check: one column at a time
-            return records
+            return trim(records)
         bad = [(i, why) for i, r in enumerate(records) if (why := validate(r)) is not None]
         kept = _numbers(lines, numbers)
         for i, why in bad:
             self._report(kept[i], records[i], why)
         drop = {i for i, _ in bad}
         self._chunk = (lines, numbers, [n for i, n in enumerate(kept) if i not in drop])
-        return [r for i, r in enumerate(records) if i not in drop]
+        return trim([r for i, r in enumerate(records) if i not in drop])
 
     def line_of(self, index: int) -> int:
-        """The line number of record ``index`` of the last ``read``'s records (dicts)."""
+        """The line number of record ``index`` of the last piece's records (dicts)."""
         lines, numbers, kept = self._chunk
         return (kept if kept is not None else _numbers(lines, numbers))[index]
 
-    def _read_more(self) -> bytes:
+    def _read_more(self, limit: int) -> tuple[bytes, int]:
         try:
-            return read_regular(self.path, self.offset)
+            return _read_at(self.path, self.offset, limit)
         except FileNotFoundError:
-            return b""
+            return b"", 0
         except OSError as exc:
             why = f"cannot read ({exc.strerror or exc})"
             if why != self._unreadable:
                 self._unreadable = why
                 self.problems.append(f"{self.path}: {why}")
-            return b""
+            return b"", 0
 
     def _report(self, lineno: int, record: Any, why: str) -> None:
         _report(self.path, lineno, record, why, self.problems, self.unknown_kinds)
 
 
 _HEAD = operator.itemgetter(slice(BULK_PREFIX))
+_LONG = f"a line over {LINE_MAX >> 20} MiB (the cap on one journal line)"
 
 
 def read_regular(path: Path, offset: int = 0, limit: int = -1) -> bytes:
     """The bytes of a regular file from ``offset`` (``limit`` at most): never through a symbolic
     link, never blocking on a FIFO or reading a device (``OSError`` naming why instead)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd, _ = _open_regular(path)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
         with os.fdopen(fd, "rb", closefd=False) as f:
             f.seek(offset)
             return f.read(limit)
     finally:
         os.close(fd)
+
+
+def _read_at(path: Path, offset: int, limit: int) -> tuple[bytes, int]:
+    """``read_regular`` up to the file's size when opened, and that size (a buffer of exactly what is read)."""
+    fd, size = _open_regular(path)
+    try:
+        n = min(limit, size - offset)
+        return (os.pread(fd, n, offset) if n > 0 else b""), size
+    finally:
+        os.close(fd)
+
+
+def _open_regular(path: Path) -> tuple[int, int]:
+    """A descriptor of the regular file at ``path`` (never through a link, never blocking), and its size."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, info.st_size
 
 
 def _numbers(lines: list[bytes], numbers: Sequence[int]) -> list[int]:
@@ -346,7 +642,7 @@ def parse_line(
     if why is not None:
         _report(path, lineno, record, why, problems, unknown)
         return None
-    return record
+    return trim([record])[0]
 
 
 def _report(path: Path, lineno: int, record: Any, why: str, problems: list[str], unknown: set[str] | None) -> None:

@@ -58,6 +58,7 @@ ENV_SECONDS = "SGLANG_PHASETRACE_{}_S"  # HEARTBEAT, SILENT, STALL, NO_PROGRESS
 ENV_STACK_SIGNAL = "SGLANG_PHASETRACE_STACK_SIGNAL"
 ENV_WATCHDOG = "SGLANG_PHASETRACE_WATCHDOG"  # "0": no watchdog thread in the launcher
 ENV_ABORT_AFTER = "SGLANG_PHASETRACE_ABORT_AFTER_S"  # opt-in: SIGTERM the launcher after a stall this long
+ENV_WRITE_WAIT = "SGLANG_PHASETRACE_WRITE_WAIT_S"  # how long a journal write may hold its caller (default 1 s)
 ENV_METRICS = "SGLANG_PHASETRACE_METRICS"  # "0": no OTLP metrics even with an endpoint set
 ENV_LAUNCHER = "SGLANG_PHASETRACE_LAUNCHER"  # pid of the traced launcher; its children trace from import
 ENV_TRACEPARENT = "TRACEPARENT"

@@ -1,4 +1,5 @@
-"""Process lifecycle: at a normal exit, end open phases as *incomplete* and flush, bounded.
+"""Process lifecycle: at a normal exit, end open phases as *incomplete* and flush, bounded: the
+journal waits one write bound at most in all (``JournalWriter.hurry``), the exporters ``timeout_s``.
 
 No signal handlers, by design. A Python-level handler runs only when the main thread re-enters
 the interpreter, which a rank blocked in gloo/NCCL/CUDA never does: with one installed, ``kill``,
@@ -30,6 +31,8 @@ def end_open_phases(rt: runtime.Runtime, reason: str) -> int:
 
 def shutdown(rt: runtime.Runtime, reason: str, timeout_s: float = 2.0) -> None:
     try:
+        if rt.journal is not None:  # a disk that stopped answering holds the exit one write bound at most
+            rt.journal.hurry()
         end_open_phases(rt, reason)
         exporters.flush(rt.provider, timeout_s)
     except Exception:

@@ -7,17 +7,23 @@ a warning was already said. So no module keeps such state in globals of its own:
 Tests start from a fresh process state the same way (``tests/conftest.py``: ``trace_run_dir``).
 
 What is not here survives a fork on purpose: the patches applied to modules (the child runs the
-same code), and memo caches of pure functions. Stdlib only, so any tracing module may import it.
+same code), and memo caches of pure functions. One thing outside Python survives a fork and is
+undone in the child: faulthandler's registration of the stack-dump signal (``tracing.stacks``),
+which would dump the child's stacks into its parent's file; a child that traces arms its own.
+Stdlib only, so any tracing module may import it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import os
+import signal
 import threading
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from .collectives import Collectives
@@ -26,6 +32,15 @@ if TYPE_CHECKING:
     from .metrics import Metrics
     from .runtime import Runtime
     from .watchdog import Watchdog
+
+
+class StackDump(NamedTuple):
+    """The stack-dump signal faulthandler is registered for in this process (``tracing.stacks.arm``),
+    the file descriptor it writes to, and the Python-level handler of the signal when it was armed."""
+
+    signal: int
+    fd: int
+    handler: Any
 
 
 @dataclass(eq=False)
@@ -40,7 +55,7 @@ class ProcessState:
     metrics: Metrics | bool | None = None  # tracing.metrics: heartbeats as OTLP metrics (False: not here)
     launcher_watchdog: Watchdog | None = None  # tracing.watchdog.start_in_launcher()
     exit_hook: bool = False  # tracing.lifecycle: the atexit flush is registered in this process
-    stack_fds: dict[int, int] = field(default_factory=dict)  # tracing.stacks: pid -> faulthandler dump fd
+    stack_dump: StackDump | None = None  # tracing.stacks.arm: faulthandler's registration here
     said: set[Hashable] = field(default_factory=set)  # what a one-warning-per-process problem already said
     local: threading.local = field(default_factory=threading.local)  # per thread: phases in flight, nesting
     lock: threading.Lock = field(default_factory=threading.Lock)  # first-use creation of a part
@@ -64,7 +79,21 @@ def reset(boot_ns: int | None = None) -> None:
 
 
 def _after_fork_in_child() -> None:
+    armed = STATE.stack_dump
     reset(boot_ns=time.time_ns())
+    if armed is not None:
+        _disarm(armed)
+
+
+def _disarm(armed: StackDump) -> None:
+    """Undo the parent's faulthandler registration in a forked child: the signal's disposition is
+    again what it was before (what the untraced child would have), and the parent's file is closed
+    here. Only while the Python-level handler is still the one seen when it was armed: one set
+    since has replaced faulthandler's, and restoring the old one would undo it."""
+    with contextlib.suppress(ValueError, OSError, RuntimeError):
+        if signal.getsignal(armed.signal) is armed.handler:
+            faulthandler.unregister(armed.signal)
+            os.close(armed.fd)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,18 +1,28 @@
-"""Other processes, read from outside: is this pid still the process a journal names, is a signal
-caught there, and how did a child of ours end. Linux ``/proc`` and ``waitid``; nothing is changed.
+"""Other processes, read from outside: is this pid still the process a journal names, is it proven
+ours (then pinned, to be signalled), is a signal caught there, and how did a child of ours end.
+Linux ``/proc``, ``waitid`` and pidfds.
 
-A pid alone names nobody: pids are recycled, a run directory may be old or reused, and a journal
-may come from another host. A process is *proven* ours when it runs on this host (and boot) and
-its kernel start time equals the one its journal recorded. Only such a process is ever signalled.
+A pid alone names nobody: pids are recycled, a run directory may be old or reused, a journal may
+come from another host, and what a journal says (pid, kernel start time, boot id) anyone on the
+host can read in ``/proc`` and copy. So a journal's process is *proven* ours (``pin``) only when
+it runs on this host and boot, started when the journal says, and holds that very journal file
+open: a file of this user that nobody else can write. The proof is made after the process is
+pinned by a pidfd, and the signal goes through that pidfd: a pid recycled after the proof cannot
+receive it. Only a proven process is ever signalled or read with py-spy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import signal
 import socket
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
+
+from . import files
 
 
 def start_ticks(pid: int) -> int | None:
@@ -45,12 +55,122 @@ def fingerprint(pid: int | None = None) -> dict[str, object]:
 
 
 def same_process(pid: int, host: str, ticks: object, boot: object) -> bool:
-    """True only when ``pid`` on this host is the very process that recorded ``ticks``/``boot``."""
-    if not pid or host != this_host() or not isinstance(ticks, int):
+    """Whether ``pid`` on this host is the process that recorded ``ticks``/``boot``: is it still
+    running, or gone? (A record without a boot id is taken at its start time.) Never a proof that
+    it is ours: these values are world-readable (``pin``)."""
+    if not pid or host != this_host() or not isinstance(ticks, int) or isinstance(ticks, bool):
         return False
     if boot is not None and boot != boot_id():
         return False
     return start_ticks(pid) == ticks
+
+
+def holds_open(pid: int, path: Path | str) -> bool:
+    """Whether ``pid`` has the file at ``path`` (not followed) open: same device and inode among
+    ``/proc/PID/fd`` (readable for our own processes only)."""
+    try:
+        st = os.lstat(path)
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    want = (st.st_dev, st.st_ino)
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            got = os.stat(f"/proc/{pid}/fd/{fd}")
+            if (got.st_dev, got.st_ino) == want:
+                return True
+    return False
+
+
+class Pinned:
+    """A proven process, held by a pidfd (Linux 5.3+) so that a signal reaches it or nobody: once
+    it ends, its pid may name another process, but not the pidfd. ``fd`` None: no pidfd here, and
+    signals go by pid (the proof then holds only up to the signal). Closed on ``close``, at the
+    end of a ``with`` block, or when dropped."""
+
+    def __init__(self, pid: int, fd: int | None, ticks: int | None = None) -> None:
+        self.pid, self.fd, self.ticks = pid, fd, ticks
+
+    def send(self, sig: int) -> bool:
+        """Send ``sig``; False when the process is gone."""
+        try:
+            if self.fd is not None:
+                signal.pidfd_send_signal(self.fd, sig)
+            else:
+                os.kill(self.pid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def running(self) -> bool:
+        """Not ended since it was pinned (a pidfd is readable once its process has exited)."""
+        if self.fd is None:
+            return alive(self.pid) and start_ticks(self.pid) == self.ticks
+        ready, _, _ = select.select([self.fd], [], [], 0)
+        return not ready
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __enter__(self) -> Pinned:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd on ``pid``; None where the kernel or Python has none; ``ProcessLookupError`` when gone."""
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None or not hasattr(signal, "pidfd_send_signal"):
+        return None
+    try:
+        return opener(pid)
+    except ProcessLookupError:
+        raise
+    except OSError:  # ENOSYS (kernel < 5.3), EPERM under a seccomp filter: by pid then
+        return None
+
+
+def why_not_ours(pid: int, host: str, ticks: object, boot: object, journal: Path | str) -> str | None:
+    """Why ``pid`` is not proven to be the process that writes ``journal`` (None: it is)."""
+    journal = Path(journal)
+    if not pid or pid < 0 or host != this_host():
+        return "not a process of this host"
+    if not isinstance(boot, str) or boot != boot_id():
+        return "no boot id of this boot recorded"
+    if not same_process(pid, host, ticks, boot) or not alive(pid):
+        return "not running now (or another process has its pid)"
+    if journal.name != f"{host}-{pid}.jsonl":
+        return f"{journal} is not its journal"
+    why = files.not_private(journal)
+    if why is not None:
+        return why
+    if not holds_open(pid, journal):
+        return f"it does not write {journal}"
+    return None
+
+
+def pin(pid: int, host: str, ticks: object, boot: object, journal: Path | str) -> Pinned | None:
+    """``pid`` pinned (``Pinned``) when it is proven the process that writes ``journal``, else
+    None. The pidfd is opened first and the proof made after: it then holds for every signal."""
+    if not pid or pid < 0 or host != this_host():
+        return None
+    try:
+        fd = _pidfd(pid)
+    except ProcessLookupError:
+        return None
+    target = Pinned(pid, fd, ticks if isinstance(ticks, int) else None)
+    if why_not_ours(pid, host, ticks, boot, journal) is not None:
+        target.close()
+        return None
+    return target
 
 
 def catches(pid: int, sig: int) -> bool:
@@ -113,6 +233,25 @@ def alive(pid: int) -> bool:
             return f.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X")
     except (OSError, IndexError):
         return False
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies do not count: a zombie leader keeps
+    the group's id taken, but nothing of it runs). Read from ``/proc``; nothing is signalled."""
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return False
+    want = str(pgid).encode()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == want and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
 
 
 def memory_note(rss: object) -> str:

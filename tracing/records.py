@@ -2,10 +2,14 @@
 
 Every record is one JSON object with ``kind`` (one of ``KINDS``) and ``t`` (Unix time, integer ns).
 A required field must be present with its type; an optional field may be missing or null (readers
-treat both as "not known"); fields not listed here are kept and ignored, so a newer writer can add
-some. Readers (``journal.JournalTail``, ``rundir.RunView.status_file``) skip a record that fails
-``validate`` and report it once as ``file:line: why``; everything they use afterwards may rely on
-the types below, so code downstream never sees an ``attrs`` that is a string or a ``seq`` that is null.
+treat both as "not known"); fields not listed here are ignored and dropped (``trim``), so a newer
+writer can add some. Readers (``journal.JournalTail``, ``rundir.RunView.status_file``) skip a record
+that fails ``validate`` and report it once as ``file:line: why``; everything they use afterwards may
+rely on the types below, so code downstream never sees an ``attrs`` that is a string or a ``seq`` that
+is null. Numbers are bounded too (``Range``): times are ns in int64 (``TIME_MAX``), seconds within
+``SECONDS_MAX``, counts and pids non-negative, attribute integers int64 (OTel's), so no reader's
+arithmetic overflows (``since_s: 1e308`` times 1e9 is inf); a value the schema does not type (an
+object's unknown key, ``runtime_calls``) nests at most ``DEPTH_MAX`` deep.
 
 Kinds (schema version 1):
 
@@ -40,8 +44,9 @@ Kinds (schema version 1):
 from __future__ import annotations
 
 from itertools import chain, compress, repeat
-from operator import attrgetter
-from typing import Any, Literal
+from math import isnan
+from operator import attrgetter, is_, is_not
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -50,6 +55,11 @@ from . import keys
 SCHEMA_VERSION = 1
 STATUSES = frozenset({"ok", "error", "incomplete"})
 EDGES = frozenset({"enter", "exit"})
+TIME_MAX = 2**63 - 1  # ns (int64, as OTel and the exporters hold times: the year 2262)
+INT_MAX = 2**63 - 1  # counts, attribute integers (OTel's are int64)
+PID_MAX = 2**31 - 1  # pid_t
+SECONDS_MAX = 1e9  # any duration a record states (~31 years): times 1e9 it is still an int64 of ns
+DEPTH_MAX = 16  # levels of a value the schema does not type (ours nest 2)
 
 Record = dict[str, Any]
 
@@ -277,6 +287,47 @@ class Deep:
         return all(self.check(v) is None for v in values)
 
 
+class Range(Deep):
+    """A number from ``lo`` to ``hi`` (not NaN, which the stdlib's JSON parser takes): readers do
+    arithmetic with them (seconds to ns, rates), which a ``1e308`` or a 400-digit integer overflows."""
+
+    def __init__(self, lo: float, hi: float, what: str) -> None:
+        self.lo, self.hi, self.why = lo, hi, f"must be {what}"
+
+    def check(self, value: float) -> Why | None:
+        return None if self.lo <= value <= self.hi else ("", self.why)  # NaN fails both
+
+    def all_ok(self, values: list[float]) -> bool:
+        return not values or (self.lo <= min(values) and max(values) <= self.hi and not any(map(isnan, values)))
+
+
+_TIME = Range(0, TIME_MAX, "a time in ns from 0 to 2^63-1")
+_SECONDS = Range(-SECONDS_MAX, SECONDS_MAX, "seconds within ±1e9")
+_COUNT = Range(0, INT_MAX, "from 0 to 2^63-1")
+_PID = Range(0, PID_MAX, "a pid from 0 to 2^31-1")
+_INT64 = Range(-INT_MAX - 1, INT_MAX, "a 64-bit integer")
+_NUMBER = Range(-INT_MAX - 1, INT_MAX, "a number within ±2^63")
+_ATTR_NUMBER = {int: _INT64, float: _NUMBER}  # orjson reads an integer past 2^64 as a float
+
+
+def too_deep(value: Any, levels: int = DEPTH_MAX) -> bool:
+    """Whether ``value`` nests objects or lists more than ``levels`` deep (it looks no deeper):
+    readers, renderers and the bundle's redaction recurse into what they keep."""
+    kind = type(value)
+    if kind is not dict and kind is not list:
+        return False
+    if levels == 0:
+        return True
+    return any(too_deep(v, levels - 1) for v in (value.values() if kind is dict else value))
+
+
+class Nested(Deep):
+    """A value the schema does not type: at most ``DEPTH_MAX`` deep."""
+
+    def check(self, value: Any) -> Why | None:
+        return ("", f"nests deeper than {DEPTH_MAX} levels") if too_deep(value) else None
+
+
 class Hex(Deep):
     """An id: ``n`` hex digits (exporters parse them as numbers)."""
 
@@ -307,8 +358,9 @@ class OneOf(Deep):
 
 
 class Attributes(Deep):
-    """Span, identity and resource attributes: scalars or lists of scalars (what OTel allows); in
-    span attributes, the ones readers use as names must be strings."""
+    """Span, identity and resource attributes: scalars or lists of scalars (what OTel allows: numbers
+    within ±2^63, as its integers are int64); in span attributes, the ones readers use as names must
+    be strings."""
 
     NAMES = (keys.PHASE, keys.GROUP_NAME)
 
@@ -321,23 +373,33 @@ class Attributes(Deep):
             if v is not None and type(v) is not str:
                 return f'["{key}"]', "must be a string"
         for key, v in value.items():
-            if type(v) not in _SCALAR and not (type(v) is list and all(type(x) in _SCALAR for x in v)):
-                return f".{key}", "must be a string, number, true/false or a list of them"
+            if not (_attr_scalar(v) or (type(v) is list and all(map(_attr_scalar, v)))):
+                return f".{key}", "must be a string, a number within ±2^63, true/false or a list of them"
         return None
 
     def all_ok(self, values: list[dict[str, Any]]) -> bool:
         maps = list(filter(None, values))
-        types = set(map(type, chain.from_iterable(map(dict.values, maps))))
+        flat = list(chain.from_iterable(map(dict.values, maps)))
+        types = set(map(type, flat))
         if not types <= _ATTR_VALUE or (list in types and not super().all_ok(maps)):
             return False
+        for kind in types & _ATTR_NUMBER.keys():  # C-level: the numbers of that type, then their range
+            if not _ATTR_NUMBER[kind].all_ok(list(compress(flat, map(is_, map(type, flat), repeat(kind))))):
+                return False
         return all(set(map(type, map(dict.get, maps, repeat(key)))) <= _STR_OR_NONE for key in self.names)
 
 
+def _attr_scalar(v: Any) -> bool:
+    kind = type(v)
+    return kind in _SCALAR and (kind not in _ATTR_NUMBER or _ATTR_NUMBER[kind].check(v) is None)
+
+
 class Fields(Deep):
-    """A nested object, checked field by field (all optional)."""
+    """A nested object, checked field by field (all optional); its other keys nest at most ``DEPTH_MAX``."""
 
     def __init__(self, *spec: Field) -> None:
         self.spec = spec
+        self.names = frozenset(name for name, *_ in spec)
 
     def check(self, value: dict[str, Any]) -> Why | None:
         for name, types, _, deep in self.spec:
@@ -348,6 +410,10 @@ class Fields(Deep):
                 return f".{name}", f"must be {_kind_of(types)}"
             if deep is not None and (why := deep.check(v)) is not None:
                 return f".{name}{why[0]}", why[1]
+        if not self.names.issuperset(value):
+            for key in value.keys() - self.names:
+                if (why := _NESTED.check(value[key])) is not None:
+                    return f".{key}", why[1]
         return None
 
 
@@ -365,15 +431,17 @@ class ListOf(Deep):
 
 
 class Values(Deep):
-    """An object whose values are all of ``types`` (or null)."""
+    """An object whose values are all of ``types`` (or null), each passing ``deep``."""
 
-    def __init__(self, types: tuple[type, ...]) -> None:
-        self.types = types
+    def __init__(self, types: tuple[type, ...], deep: Deep | None = None) -> None:
+        self.types, self.deep = types, deep
 
     def check(self, value: dict[str, Any]) -> Why | None:
         for key, v in value.items():
             if v is not None and type(v) not in self.types:
                 return f".{key}", f"must be {_kind_of(self.types)}"
+            if v is not None and self.deep is not None and (why := self.deep.check(v)) is not None:
+                return f".{key}{why[0]}", why[1]
         return None
 
 
@@ -386,17 +454,18 @@ def _f(name: str, types: tuple[type, ...], required: bool = False, deep: Deep | 
 
 
 _SPAN, _TRACE, _ATTRS, _SPAN_ATTRS = Hex(16), Hex(32), Attributes(), Attributes(span=True)
+_NESTED = Nested()
 _ERROR = Fields(_f("type", STR), _f("message", STR), _f("stack", STR))  # an ``end`` record's ``error``
 SCHEMA: dict[str, tuple[Field, ...]] = {
     "process": (
-        _f("pid", INT, True),
-        _f("v", INT),
-        _f("ppid", INT),
+        _f("pid", INT, True, _PID),
+        _f("v", INT, deep=_COUNT),
+        _f("ppid", INT, deep=_PID),
         _f("host", STR),
         _f("run_id", STR),
-        _f("boot_t", INT),
+        _f("boot_t", INT, deep=_TIME),
         _f("resource", OBJ, deep=_ATTRS),
-        _f("start_ticks", INT),
+        _f("start_ticks", INT, deep=_COUNT),
         _f("boot_id", STR),
     ),
     "identity": (_f("label", STR), _f("role", STR), _f("attrs", OBJ, deep=_ATTRS)),
@@ -416,11 +485,11 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
         _f("error", OBJ, deep=_ERROR),
     ),
     "heartbeat": (
-        _f("seq", INT, True),
-        _f("pid", INT),
+        _f("seq", INT, True, _COUNT),
+        _f("pid", INT, deep=_PID),
         _f("label", STR),
         _f("ready", BOOL),
-        _f("interval_s", NUM),
+        _f("interval_s", NUM, deep=_SECONDS),
         _f(
             "phases",
             LIST,
@@ -430,60 +499,90 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
                     _f("span", STR),
                     _f("name", STR),
                     _f("phase", STR),
-                    _f("since_s", NUM),
+                    _f("since_s", NUM, deep=_SECONDS),
                     _f("progress", OBJ, deep=_ATTRS),
                 ),
             ),
         ),
-        _f("collective", OBJ, deep=Fields(_f("op", STR), _f("group", STR), _f("seq", INT), _f("since_s", NUM))),
-        _f("collectives", OBJ, deep=Values(INT)),
-        _f("cpu_s", NUM),
-        _f("rss", INT),
-        _f("threads", INT),
-        _f("gpu", OBJ, deep=Values(NUM)),
-        _f("runtime_calls", OBJ),
-        _f("dt_s", NUM),
-        _f("main", OBJ, deep=Fields(_f("state", STR), _f("cpu_s", NUM))),
-        _f("majflt", INT),
-        _f("io_b", INT),
-        _f("child_cpu_s", NUM),
+        _f(
+            "collective",
+            OBJ,
+            deep=Fields(
+                _f("op", STR), _f("group", STR), _f("seq", INT, deep=_COUNT), _f("since_s", NUM, deep=_SECONDS)
+            ),
+        ),
+        _f("collectives", OBJ, deep=Values(INT, _COUNT)),
+        _f("cpu_s", NUM, deep=_SECONDS),
+        _f("rss", INT, deep=_COUNT),
+        _f("threads", INT, deep=_COUNT),
+        _f("gpu", OBJ, deep=Values(NUM, _NUMBER)),
+        _f("runtime_calls", OBJ, deep=_NESTED),
+        _f("dt_s", NUM, deep=_SECONDS),
+        _f("main", OBJ, deep=Fields(_f("state", STR), _f("cpu_s", NUM, deep=_SECONDS))),
+        _f("majflt", INT, deep=_COUNT),
+        _f("io_b", INT, deep=_COUNT),
+        _f("child_cpu_s", NUM, deep=_SECONDS),
         _f(
             "journal_unwritten",
             OBJ,
-            deep=Fields(_f("error", STR), _f("since", INT), _f("held", INT), _f("dropped", INT)),
+            deep=Fields(
+                _f("error", STR),
+                _f("since", INT, deep=_TIME),
+                _f("held", INT, deep=_COUNT),
+                _f("dropped", INT, deep=_COUNT),
+            ),
         ),
     ),
     "collective": (
         _f("edge", STR, True, OneOf(EDGES)),
         _f("op", STR, True),
         _f("group", STR, True),
-        _f("seq", INT, True),
+        _f("seq", INT, True, _COUNT),
         _f("span", STR, deep=_SPAN),
-        _f("dur_s", NUM),
+        _f("dur_s", NUM, deep=_SECONDS),
     ),
     "diagnosis": (
         _f("message", STR, True),
         _f("finding", STR),
         _f("label", STR),
-        _f("pid", INT),
+        _f("pid", INT, deep=_PID),
         _f("phase", STR),
-        _f("since_s", NUM),
+        _f("since_s", NUM, deep=_SECONDS),
         _f("waiting", OBJ, deep=Values(STR)),
         _f("stacks", LIST, deep=ListOf(STR)),
     ),
     "warning": (_f("message", STR, True),),
-    "exit": (_f("pid", INT, True), _f("host", STR), _f("label", STR), _f("code", INT), _f("signal", STR)),
+    "exit": (
+        _f("pid", INT, True, _PID),
+        _f("host", STR),
+        _f("label", STR),
+        _f("code", INT, deep=_INT64),
+        _f("signal", STR),
+    ),
     "launch": (
         _f("trace", STR, True, _TRACE),
         _f("local_trace", STR, deep=_TRACE),
         _f("launch_id", STR),
         _f("source", STR),
-        _f("node_rank", INT),
-        _f("nnodes", INT),
+        _f("node_rank", INT, deep=_COUNT),
+        _f("nnodes", INT, deep=_COUNT),
         _f("rendezvous", STR),
     ),
 }
 KINDS = frozenset(SCHEMA)
+FIELDS = {kind: frozenset({"kind", "t", *(name for name, *_ in spec)}) for kind, spec in SCHEMA.items()}
+
+
+def trim(records: list[Record]) -> list[Record]:
+    """Valid ``records`` without the fields the schema does not list: no reader uses them (the bulk
+    decoders drop them too), and one nested deep must not reach code that recurses (a renderer, a
+    ``marshal`` to the split read's child, another node). Most records have none: the same dicts."""
+    return [r if FIELDS[r["kind"]].issuperset(r) else _known(r) for r in records]
+
+
+def _known(record: Record) -> Record:
+    known = FIELDS[record["kind"]]
+    return {k: v for k, v in record.items() if k in known}
 
 
 def validate(record: Any) -> str | None:
@@ -496,8 +595,11 @@ def validate(record: Any) -> str | None:
     spec = SCHEMA.get(kind)
     if spec is None:
         return f"unknown record kind {kind!r}"
-    if type(record.get("t")) is not int:
+    t = record.get("t")
+    if type(t) is not int:
         return "'t' must be an integer (ns)"
+    if _TIME.check(t) is not None:
+        return f"'t' {_TIME.why}"
     for name, types, required, deep in spec:
         v = record.get(name)
         if v is None:
@@ -527,7 +629,8 @@ def all_valid(records: list[Any]) -> bool:
             if any(map(validate, group)):
                 return False
             continue
-        if set(map(type, map(dict.get, group, repeat("t")))) != _INT:
+        times = list(map(dict.get, group, repeat("t")))
+        if set(map(type, times)) != _INT or not _TIME.all_ok(times):
             return False
         for name, types, required, deep in SCHEMA[kind]:
             if deep is None:
@@ -537,12 +640,13 @@ def all_valid(records: list[Any]) -> bool:
             column = list(map(dict.get, group, repeat(name)))
             if not set(map(type, column)) <= _TYPES[required][types]:
                 return False
-            if not deep.all_ok(column if required else [v for v in column if v is not None]):
+            if not deep.all_ok(column if required else list(compress(column, map(is_not, column, _NONES)))):
                 return False
     return True
 
 
 _DICT, _INT = {dict}, {int}
+_NONES = repeat(None)
 _STR_OR_NONE = {str, _NONE}
 _ATTR_VALUE = {*_SCALAR, list}
 _ALLOWED = {types: frozenset(types) for spec in SCHEMA.values() for _, types, _, _ in spec}
@@ -558,8 +662,17 @@ _TYPES = {True: _ALLOWED, False: {types: frozenset((*types, _NONE)) for types in
 # of every other kind: ``validate`` per record, naming the line (``journal.JournalTail``).
 # ``tests/test_bad_records.py`` checks that these decoders accept and refuse what ``validate`` does.
 
-_Scalar = str | int | float | bool | None
-_Attrs = dict[str, str | int | float | bool | list[_Scalar] | None]
+# The bounds of ``SCHEMA`` (``Range``) as msgspec constraints, checked in C.
+_Int64 = Annotated[int, msgspec.Meta(ge=-INT_MAX - 1, le=INT_MAX)]
+_TimeNs = Annotated[int, msgspec.Meta(ge=0, le=TIME_MAX)]
+_Count = Annotated[int, msgspec.Meta(ge=0, le=INT_MAX)]
+_Seconds = (
+    Annotated[int, msgspec.Meta(ge=-int(SECONDS_MAX), le=int(SECONDS_MAX))]
+    | Annotated[float, msgspec.Meta(ge=-SECONDS_MAX, le=SECONDS_MAX)]
+)
+_Float = Annotated[float, msgspec.Meta(ge=-(2.0**63), lt=2.0**63)]  # ``_NUMBER``
+_Scalar = str | _Int64 | _Float | bool | None
+_Attrs = dict[str, str | _Int64 | _Float | bool | list[_Scalar] | None]
 
 
 class SpanRec(msgspec.Struct):
@@ -568,7 +681,7 @@ class SpanRec(msgspec.Struct):
 
     span_id: str = msgspec.field(name="span")
     name: str
-    start: int = msgspec.field(name="t")  # ns
+    start: _TimeNs = msgspec.field(name="t")  # ns
     parent_id: str | None = msgspec.field(name="parent", default=None)
     trace_id: str = msgspec.field(name="trace", default="")
     attrs: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -609,7 +722,7 @@ class _Begin(SpanRec, tag="begin", tag_field="kind"):
 
 
 class EndRec(msgspec.Struct, tag="end", tag_field="kind"):
-    t: int
+    t: _TimeNs
     span: str
     status: Literal["ok", "error", "incomplete"] | None = None
     attrs: msgspec.Raw = _NO_ATTRS
@@ -617,7 +730,7 @@ class EndRec(msgspec.Struct, tag="end", tag_field="kind"):
 
 
 class EventRec(msgspec.Struct, tag="event", tag_field="kind"):
-    t: int
+    t: _TimeNs
     span: str
     name: str | None = None
     attrs: msgspec.Raw = _NO_ATTRS
@@ -653,13 +766,13 @@ _SPAN_ATTRS_CACHE, _ATTRS_CACHE = _AttrsCache(_SPAN_ATTRS), _AttrsCache(_ATTRS)
 
 
 class CollectiveRec(msgspec.Struct, tag="collective", tag_field="kind"):
-    t: int
+    t: _TimeNs
     edge: Literal["enter", "exit"]
     op: str
     group: str
-    seq: int
+    seq: _Count
     span: str | None = None
-    dur_s: int | float | None = None
+    dur_s: _Seconds | None = None
 
 
 # the first bytes of each bulk kind's line as ``journal.dumps`` writes it -> its kind, its decoder

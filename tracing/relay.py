@@ -12,25 +12,31 @@ Every operation is bounded by ``timeout_s`` and never raises: a failure drops th
 caller may ``connect()`` again later) and warns once per problem, naming the endpoint. ``TCPStore.get``
 and ``multi_get`` wait for a missing key, so ``read`` asks ``check`` first and fetches only what exists.
 
-Stdlib only at import (the launcher imports tracing early); torch is imported on ``connect``.
+Anyone who can reach the store can write these keys (it has no authentication): what is read back
+is decoded into a schema's types (``tracing.snapshot``) or refused with a reason, never trusted as is.
+
+Stdlib and msgspec at import (the launcher imports tracing early); torch is imported on ``connect``.
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import socket
 import threading
 import time
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+import msgspec
 
 from .redact import redact_text
 
 PREFIX = "phasetrace/"
 LAUNCH_KEY = PREFIX + "launch"
-DECODE_LIMIT = 16 << 20
+DECODE_LIMIT = 4 << 20  # inflated bytes of one snapshot (8 ranks: ~0.1 MiB; 64 ranks: under 1 MiB)
+LAUNCH_LIMIT = 4096  # bytes of the stored launch identity
+T = TypeVar("T")
 CONNECT_TRIES = 3  # failed connects in a row to a listening store before we warn
 
 
@@ -66,14 +72,15 @@ def endpoint(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def encode(snapshot: dict[str, Any]) -> bytes:
+def encode(value: Any) -> bytes:
     """Compact JSON, zlib-compressed (a node's snapshot of 8 ranks: a few KiB)."""
-    return zlib.compress(json.dumps(snapshot, separators=(",", ":"), ensure_ascii=False).encode(), 6)
+    return zlib.compress(msgspec.json.encode(value), 6)
 
 
-def decode(data: bytes, limit: int = DECODE_LIMIT) -> dict[str, Any]:
-    """The snapshot in ``data``; ``ValueError`` saying why when it is not one of ours or would
-    inflate past ``limit`` bytes (decompressed with a cap, never all at once)."""
+def decode(data: bytes, schema: type[T], limit: int = DECODE_LIMIT) -> T:
+    """The ``schema`` value in ``data``; ``ValueError`` saying why when it is not one (not ours, not of that
+    schema, nested too deep) or would inflate past ``limit`` bytes (decompressed with a cap, never
+    all at once). The reason names the place in the value, never quotes much of it."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ValueError(f"expected bytes, got {type(data).__name__}")
     if len(data) > limit:
@@ -89,13 +96,23 @@ def decode(data: bytes, limit: int = DECODE_LIMIT) -> dict[str, Any]:
         raise ValueError("truncated compressed data")
     if inflater.unused_data:
         raise ValueError("trailing bytes after the compressed data")
+    return loads(raw, schema)
+
+
+def loads(raw: bytes, schema: type[T]) -> T:
+    """``raw`` JSON as ``schema`` (msgspec checks the types, sizes and ranges as it decodes)."""
     try:
-        value = json.loads(raw)
-    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError both
-        raise ValueError(f"not JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"not a JSON object (a {type(value).__name__})")
-    return value
+        return msgspec.json.decode(raw, type=schema)
+    except msgspec.DecodeError as exc:  # ValidationError too: "Expected `int`, got `str` - at `$.seq`"
+        raise ValueError(printable(str(exc))) from None
+    except RecursionError:  # nested past the interpreter's limit in a field the schema skips
+        raise ValueError("nested too deep") from None
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """``text`` (from data another party wrote) capped and with control characters shown as ``?``."""
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 class Relay:
@@ -183,11 +200,12 @@ class Relay:
 
     # -- operations ------------------------------------------------------------------------------
 
-    def agree(self, proposal: dict[str, Any]) -> dict[str, Any] | None:
+    def agree(self, proposal: T, schema: type[T]) -> T | None:
         """The launch identity all nodes share. Node 0 stores ``proposal`` unless a value is there
         already (first one wins) and returns what is stored; another node returns the stored value,
-        or None while node 0 has not written one (it does not wait)."""
-        value = json.dumps(proposal, separators=(",", ":"), sort_keys=True).encode()
+        or None while node 0 has not written one (it does not wait). A stored value that is not a
+        ``schema`` is said once and taken as none: the caller keeps its own identity."""
+        value = msgspec.json.encode(proposal)
 
         def op(store: Any) -> bytes | None:
             if self.node_rank == 0:
@@ -198,13 +216,12 @@ class Relay:
         if stored is None:
             return None
         try:
-            agreed = json.loads(bytes(stored))
-        except ValueError:
-            agreed = None
-        if not isinstance(agreed, dict):
-            self._warn("agree-value", f"the stored launch identity under {LAUNCH_KEY!r} is not a JSON object")
+            if len(stored) > LAUNCH_LIMIT:
+                raise ValueError(f"{len(stored)} bytes, over the {LAUNCH_LIMIT}-byte limit")
+            return loads(bytes(stored), schema)
+        except ValueError as exc:
+            self._warn("agree-value", f"the launch identity stored under {LAUNCH_KEY!r} is not usable ({exc})")
             return None
-        return agreed
 
     def publish(self, payload: bytes) -> None:
         """This node's latest snapshot (overwrites the previous one)."""

@@ -34,7 +34,7 @@ import msgspec
 
 from . import keys
 from .journal import JournalTail, _loads, read_regular
-from .records import SpanRec, span_from, validate
+from .records import SpanRec, span_from, trim, validate
 
 __all__ = ["ProcessRec", "RunView", "SpanRec", "load_run"]
 
@@ -213,6 +213,16 @@ def _progress(heartbeat: dict[str, Any]) -> list:
     return [(p.get("span"), p["progress"]) for p in heartbeat.get("phases") or () if p.get("progress")]
 
 
+def node_of(proc: ProcessRec) -> int | None:
+    """The node of a multi-node launch a journal's process runs on: its identity's, else its
+    resource's (every process of a node has it from its first line; a rank's identity may not yet)."""
+    node = proc.node
+    if node is None:
+        value = proc.resource.get(keys.NODE_RANK)
+        node = value if type(value) is int else None
+    return node
+
+
 class RunView:
     """A run directory as processes; ``refresh()`` reads only what was appended since last time.
 
@@ -296,7 +306,8 @@ class RunView:
             self._tails[path] = (JournalTail(path), ProcessRec(path))
         tail, proc = self._tails[path]
         told = len(proc.told)
-        _apply_all(tail, proc, tail.read_bulk(final=final))
+        for piece in tail.bulk_pieces(final=final):
+            _apply_all(tail, proc, piece)
         self._told += [(proc, r) for r in proc.told[told:]]
 
     def dir_of(self, proc: ProcessRec) -> Path:
@@ -319,12 +330,29 @@ class RunView:
 
     @property
     def processes(self) -> list[ProcessRec]:
+        """The journals' processes and those other nodes reported. A report stands in for a journal
+        with the same (host, pid) only where both say they are of the reporting node (a shared run
+        directory: the report's times are on our clock); any other journal, this node's own above
+        all, is judged from the journal, and the report's copy is left out (as is a second report)."""
         local = [p for _, p in self._tails.values() if p.pid and p.shown]
-        if self.remote:  # in a shared run directory, another node's report wins: its times are on our clock
-            reported = [p for ps in self.remote.values() for p in ps if p.shown]
-            seen = {(p.host, p.pid) for p in reported}
-            local = [p for p in local if (p.host, p.pid) not in seen] + reported
-        return sorted(local, key=ProcessRec.sort_key)
+        if not self.remote:
+            return sorted(local, key=ProcessRec.sort_key)
+        journals = {(p.host, p.pid): p for p in local}
+        replaced, reported = set(), {}
+        for ps in self.remote.values():
+            for p in ps:
+                key = (p.host, p.pid)
+                twin = journals.get(key)
+                if not p.shown or key in reported:
+                    continue
+                if twin is not None:
+                    owner = node_of(twin)
+                    if owner is None or owner != p.node:  # not the reporter's own journal: it stays
+                        continue
+                    replaced.add(key)
+                reported[key] = p
+        local = [p for p in local if (p.host, p.pid) not in replaced]
+        return sorted(local + list(reported.values()), key=ProcessRec.sort_key)
 
     @property
     def trace_map(self) -> dict[str, str]:
@@ -368,7 +396,7 @@ class RunView:
         why = validate(record)
         if why is None and record["kind"] != "heartbeat":
             why = f"a {record['kind']} record, not a heartbeat"
-        return record if why is None else self._status_problem(path, f"heartbeat: {why}")
+        return trim([record])[0] if why is None else self._status_problem(path, f"heartbeat: {why}")
 
     def _status_problem(self, path: Path, why: str) -> None:
         self._status_problems.setdefault(path, f"{path}:1: {why}")
@@ -376,7 +404,7 @@ class RunView:
 
 
 def _apply_all(tail: JournalTail, proc: ProcessRec, chunk: tuple[dict[str, list[Any]], list[dict[str, Any]]]) -> None:
-    """Apply a chunk (``JournalTail.read_bulk``): its bulk begins, then its other records in order,
+    """Apply a piece (``JournalTail.bulk_pieces``): its bulk begins, then its other records in order,
     then its bulk ends, events and collectives (each kind in file order: one kind never waits for
     another, but an ``end`` needs its ``begin``). A record that ``apply`` cannot use (a gap between
     the schema and ``apply``: a bug) is reported as ``file:line`` and the rest is still used."""
@@ -454,7 +482,7 @@ def load_run(
 # -- reading a large run on two cores -------------------------------------------------------------
 
 _PROC_FIELDS = tuple(f.name for f in fields(ProcessRec) if f.name not in ("path", "spans"))
-_TAIL_FIELDS = ("offset", "lines", "problems", "unknown_kinds", "_unreadable")
+_TAIL_FIELDS = ("offset", "lines", "problems", "unknown_kinds", "_unreadable", "_long", "_capped")
 
 
 class _Child:
@@ -752,7 +780,8 @@ def _cores() -> int:
 
 def _read_whole(path: Path, final: bool) -> tuple[JournalTail, ProcessRec]:
     tail, proc = JournalTail(path), ProcessRec(path)
-    _apply_all(tail, proc, tail.read_bulk(final=final))
+    for piece in tail.bulk_pieces(final=final):
+        _apply_all(tail, proc, piece)
     return tail, proc
 
 

@@ -8,6 +8,7 @@ Never the global TracerProvider: SGLang's ``--enable-trace`` sets that one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import random
@@ -15,8 +16,9 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
@@ -26,7 +28,7 @@ from opentelemetry.trace import StatusCode
 
 from . import crossnode, exporters, files, keys, process_state, procs, records
 from .identity import IDENTITY_KEYS, Identity
-from .journal import JournalWriter
+from .journal import JournalWriter, write_wait_s
 from .redact import redact
 from .rundir import JOURNAL_DIR, STATUS_DIR
 
@@ -34,6 +36,7 @@ log = logging.getLogger("sglang_phasetrace")
 
 
 _UNSET = object()
+T = TypeVar("T")
 
 
 def hexid(value: int | None, width: int = 16) -> str | None:
@@ -293,6 +296,13 @@ class Runtime:
         return self
 
     def _open_journal(self, resource: Resource) -> JournalWriter:
+        """``_make_journal`` on a helper thread, waited for up to the journal's write bound
+        (``write_wait_s``): a run directory on a filesystem that does not answer (a
+        hard-mounted NFS server gone) turns tracing off here, said once, instead of holding
+        SGLang's start. Should the helper come back later, what it made is removed."""
+        return _within(write_wait_s(), lambda: self._make_journal(resource), _discard, self.run_dir)
+
+    def _make_journal(self, resource: Resource) -> JournalWriter:
         """The run directory (0700, its base checked before and after), and this process's journal
         holding its first record: a directory that cannot take one record is not used at all."""
         ident, run_dir = self.identity, self.run_dir
@@ -316,9 +326,7 @@ class Runtime:
                 )
             )
         except OSError as exc:
-            journal.close()
-            with contextlib.suppress(OSError):
-                os.unlink(journal.path)  # empty: no half-made process for readers
+            _discard(journal)  # empty: no half-made process for readers
             raise OSError(exc.errno, exc.strerror, str(journal.path)) from None
         return journal
 
@@ -389,6 +397,43 @@ class Runtime:
         """One warning line on stderr (through logging) and a ``warning`` record in the journal."""
         log.warning("sglang-phasetrace: %s", message)
         self.write(records.warning(time.time_ns(), redact(message)))
+
+
+def _discard(journal: JournalWriter) -> None:
+    journal.close()
+    with contextlib.suppress(OSError):
+        os.unlink(journal.path)
+
+
+def _within(seconds: float, make: Callable[[], T], undo: Callable[[T], None], where: Path | None) -> T:
+    """``make()`` on a helper thread, waited for ``seconds``: what it returns or raises, or
+    ``OSError(ETIMEDOUT)`` naming ``where`` when it has not returned by then. It may still: then
+    ``undo`` gets what it made, since nobody else will use it."""
+    lock, done, box = threading.Lock(), threading.Event(), []
+
+    def run() -> None:
+        try:
+            result: tuple[bool, Any] = (True, make())
+        except Exception as exc:
+            result = (False, exc)
+        with lock:
+            late = bool(box)  # the caller gave up and went on
+            if not late:
+                box.append(result)
+                done.set()
+        if late and result[0]:
+            undo(result[1])
+
+    threading.Thread(target=run, name="phasetrace-open", daemon=True).start()
+    done.wait(seconds)
+    with lock:
+        if not box:
+            box.append((False, None))
+            raise OSError(errno.ETIMEDOUT, f"no answer within {seconds:g} s", str(where))
+    ok, value = box[0]
+    if ok:
+        return value
+    raise value
 
 
 def current() -> Runtime:

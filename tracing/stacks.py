@@ -12,9 +12,14 @@ In order of preference, for a process proven to be the traced one (``tracing.pro
    it is not restarted (``poll``/``epoll_wait``/``nanosleep`` never are; Python retries its own,
    PEP 475); a C ``sleep()`` returns early. NCCL/gloo waits retry; an application's own C code may not.
 
-Dumps go to ``RUN_DIR/stacks/<host>-<pid>.txt`` (faulthandler appends to it from C, so what it
-writes is Python frames: file names, line numbers, function names — no values) and
-``<host>-<pid>-py-spy-<time>.txt`` (redacted before it is written).
+The process's own faulthandler writes to ``RUN_DIR/stacks/<host>-<pid>.txt``, a file it made
+itself (it appends to it from C, so what it writes is Python frames: file names, line numbers,
+function names — no values). A reader never writes into a file it did not create: each request
+is a new ``<host>-<pid>-request-<time>.txt`` (its reason and the ``/proc`` view, and where in the
+process's own file the dump it asked for begins), each py-spy read a new
+``<host>-<pid>-py-spy-<time>.txt`` (redacted), both made in the checked ``stacks/`` directory
+(``files.open_dir``, ``files.create_new``). A forked child does not dump into its parent's file
+(``process_state``: its registration is undone in the child, which arms its own when it traces).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -61,10 +67,10 @@ def dump_path(run_dir: Path | str, stem: str) -> Path:
 
 
 def arm(rt: Any) -> None:
-    """Register the dump signal in this process with faulthandler (SGLang does not use it)."""
-    fds = process_state.STATE.stack_fds  # pid -> dump file (kept open: faulthandler writes to it)
-    pid = os.getpid()
-    if pid in fds:
+    """Register the dump signal in this process with faulthandler (SGLang does not use it), on
+    this process's own file (kept open: faulthandler writes to it)."""
+    state = process_state.STATE
+    if state.stack_dump is not None:
         return
     try:
         from .files import open_append, private_dir
@@ -73,10 +79,11 @@ def arm(rt: Any) -> None:
         private_dir(path.parent)
         fd = open_append(path)
         sig = stack_signal()
+        handler = signal.getsignal(sig)
         # chain only to a real handler: chaining to SIG_DFL would re-raise it and end the process
-        chain = signal.getsignal(sig) not in (signal.SIG_DFL, signal.SIG_IGN, None)
+        chain = handler not in (signal.SIG_DFL, signal.SIG_IGN, None)
         faulthandler.register(sig, file=fd, all_threads=True, chain=chain)
-        fds[pid] = fd
+        state.stack_dump = process_state.StackDump(sig, fd, handler)
     except Exception as exc:
         _say_once(f"stack dumps on request not armed: {exc!r}")
 
@@ -103,45 +110,79 @@ def proc_snapshot(pid: int) -> str:
     return "\n".join(lines)
 
 
-def request(pid: int, path: Path, reason: str, wait_s: float = 2.0) -> bool:
-    """Header + ``/proc`` snapshot into ``path``, then, if ``pid`` catches the dump signal, a
-    faulthandler dump; True once the dump arrived. The caller has proven ``pid`` is ours."""
-    sig = stack_signal()
+def request(target: procs.Pinned, run_dir: Path, stem: str, reason: str, wait_s: float = 2.0) -> list[Path]:
+    """A new request file in ``run_dir/stacks/`` (the reason, the ``/proc`` view), then, if the
+    process catches the dump signal and has its own dump file there, the signal; the paths of
+    what holds its stacks: its own file first once the dump arrived, then the request file.
+    ``target``: a process proven to be ours (``procs.pin``)."""
+    sig, pid = stack_signal(), target.pid
+    stacks = Path(run_dir) / STACKS_DIR
+    own = f"{stem}.txt"
     try:
-        from .files import open_append
+        from .files import create_new, open_dir, write_all
 
+        dir_fd = open_dir(stacks)
+    except OSError as exc:
+        _refused(stacks, exc)
+        return []
+    try:
+        marker = _size(dir_fd, own)
         header = (
-            f"\n=== stacks of pid {pid} requested at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-            f"{redact_text(reason)} ===\n{proc_snapshot(pid)}\n"
+            f"=== stacks of pid {pid} requested at {time.strftime('%Y-%m-%d %H:%M:%S')}: {redact_text(reason)} ===\n"
+            f"{proc_snapshot(pid)}\n"
         )
-        fd = open_append(path)
+        armed = marker is not None and procs.catches(pid, sig)
+        if armed:
+            header += f"=== its Python stacks: {stacks / own}, from byte {marker} ===\n"
+        fd, name = create_new(dir_fd, f"{stem}-request-{int(time.time())}.txt")
         try:
-            os.write(fd, header.encode("utf-8", "replace"))
+            write_all(fd, header.encode("utf-8", "replace"))
         finally:
             os.close(fd)
-        marker = path.stat().st_size
-        if not procs.catches(pid, sig):
-            return False  # not armed (yet): the default action would end it
-        os.kill(pid, sig)
-    except (OSError, ValueError) as exc:
-        _say_once(f"could not request stacks of pid {pid} into {path}: {exc!r}")
-        return False
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        if path.stat().st_size > marker:
-            return True
-        time.sleep(0.05)
-    return False
+        paths = [stacks / name]
+        if not armed or not target.send(sig):  # not armed (yet): the default action would end it
+            return paths
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if (_size(dir_fd, own) or 0) > marker:
+                return [stacks / own, *paths]
+            time.sleep(0.05)
+        return paths
+    except OSError as exc:
+        _say_once(f"could not request stacks of pid {pid} into {stacks}: {exc!r}")
+        return []
+    finally:
+        os.close(dir_fd)
 
 
-def py_spy(pid: int, path: Path) -> Path | None:
+def _refused(stacks: Path, exc: OSError) -> None:
+    """One warning: nothing is written into ``stacks`` (a link, another user's, not a directory…)."""
+    from .files import UnsafeDirectory
+
+    why = str(exc) if isinstance(exc, UnsafeDirectory) else f"{stacks}: {exc.strerror or exc}"
+    _say_once(f"stacks not written: {why}")
+
+
+def _size(dir_fd: int, name: str) -> int | None:
+    """Size of the regular file ``name`` in ``dir_fd`` (a link is not followed); None when there is none."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def py_spy(target: procs.Pinned, run_dir: Path, stem: str) -> Path | None:
     """``py-spy dump`` (Python frames) and ``py-spy dump --native`` (with C frames; on some builds it
-    loses the Python ones) into ``path``, redacted; None (said once) when missing or refused."""
+    loses the Python ones) into a new ``run_dir/stacks/<stem>-py-spy-<time>.txt``, redacted; None
+    (said once) when missing or refused. ``target``: proven ours; what py-spy read is kept only if
+    it is still that process afterwards (its pid was not recycled meanwhile)."""
     beside = Path(sys.executable).parent / "py-spy"  # a venv's, when the venv is not on PATH
     exe = str(beside) if beside.exists() else shutil.which("py-spy")
     if exe is None:
         _say_once("py-spy is not installed; native stacks skipped (faulthandler stacks only)")
         return None
+    pid = target.pid
     parts, problem = [], ""
     for extra, title in (([], "Python frames"), (["--native"], "with native frames")):
         try:
@@ -153,10 +194,28 @@ def py_spy(pid: int, path: Path) -> Path | None:
             parts.append(f"=== py-spy dump, {title} ===\n{done.stdout}")
         else:
             problem = done.stderr.strip()[:200]
+    if parts and not target.running():
+        return None  # it ended while read: the pid may have named another process by then
     if not parts:
         _say_once(f"py-spy could not read pid {pid} ({redact_text(problem)}); faulthandler stacks only")
         return None
-    from .files import write_atomic
+    from .files import create_new, open_dir, write_all
 
-    write_atomic(path, redact_text("\n".join(parts)).encode("utf-8", "replace"))
-    return path
+    stacks = Path(run_dir) / STACKS_DIR
+    try:
+        dir_fd = open_dir(stacks)
+    except OSError as exc:
+        _refused(stacks, exc)
+        return None
+    try:
+        fd, name = create_new(dir_fd, f"{stem}-py-spy-{int(time.time())}.txt")
+        try:
+            write_all(fd, redact_text("\n".join(parts)).encode("utf-8", "replace"))
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        _say_once(f"py-spy stacks of pid {pid} not written into {stacks}: {exc!r}")
+        return None
+    finally:
+        os.close(dir_fd)
+    return stacks / name

@@ -24,18 +24,39 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import keys, metrics, postmortem, process_state, procs, records, runtime, spawned, stacks
+from . import files, keys, metrics, postmortem, process_state, procs, records, runtime, spawned, stacks
 from .diagnose import PREFIX, VERDICT, Finding, Thresholds, analyze
-from .redact import redact_text
-from .rundir import STACKS_DIR, ProcessRec, RunView
+from .redact import printable, redact_text
+from .rundir import ProcessRec, RunView
 
 log = logging.getLogger("sglang_phasetrace")
 MAX_STACKS = 8
 
 
-def proven(proc: ProcessRec) -> bool:
-    """The journal's process is running on this host now, as the same process (pid + start time)."""
-    return procs.same_process(proc.pid, proc.host, proc.start_ticks, proc.boot_id) and procs.alive(proc.pid)
+def running(proc: ProcessRec) -> bool:
+    """The journal's process is running on this host now, as the same process (pid, start time,
+    boot): whether it is gone, not whether it may be signalled (``pinned``)."""
+    return (
+        proc.remote is None
+        and procs.same_process(proc.pid, proc.host, proc.start_ticks, proc.boot_id)
+        and procs.alive(proc.pid)
+    )
+
+
+def pinned(proc: ProcessRec) -> procs.Pinned | None:
+    """``proc`` held by a pidfd when it is proven ours, else None: read from this host's own
+    journal (never another node's report), in a run directory and journal directory of this user
+    that nobody else can write, and ``procs.pin`` (it runs now and writes that journal). Only
+    such a process is signalled, read with py-spy, or aborted. A directory that fails is said once."""
+    if proc.remote is not None:
+        return None
+    journal = Path(os.path.realpath(proc.path))
+    why = files.not_private(journal.parent.parent) or files.not_private(journal.parent)
+    if why is not None:
+        if process_state.say_once(("unproven", why)):
+            log.warning("sglang-phasetrace: nothing in this run is signalled: %s", why)
+        return None
+    return procs.pin(proc.pid, proc.host, proc.start_ticks, proc.boot_id, journal)
 
 
 class Watchdog:
@@ -77,7 +98,7 @@ class Watchdog:
             now_ns = now_ns or time.time_ns()
             notices = self.crossnode.exchange(self.run, now_ns) if self.crossnode is not None else []
             for notice in notices:
-                print(f"{PREFIX} NOTICE {redact_text(notice)}", file=self.out, flush=True)
+                print(printable(f"{PREFIX} NOTICE {notice}"), file=self.out, flush=True)
             local = [p for p in self.run.ranks if p.remote is None and p.node in (None, self.node)]
             if self.when_ranks_ready is not None and len(local) >= self.expect_ranks and all(p.ready for p in local):
                 done, self.when_ranks_ready = self.when_ranks_ready, None
@@ -104,9 +125,11 @@ class Watchdog:
     def _look_for_exits(self) -> None:
         """Rank processes of this host that ended before they were ready; how, where we can tell."""
         for proc in self.run.ranks:
-            if proc.pid in self.gone or proc.ready or proc.host != procs.this_host() or proc.exit is not None:
+            if proc.pid in self.gone or proc.ready or proc.remote is not None or proc.exit is not None:
                 continue
-            if procs.alive(proc.pid) and (proc.start_ticks is None or proven(proc)):
+            if proc.host != procs.this_host():
+                continue
+            if procs.alive(proc.pid) and (proc.start_ticks is None or running(proc)):
                 continue
             ended = procs.child_ended(proc.pid)  # the launcher is the ranks' parent
             self.gone[proc.pid] = ended
@@ -127,12 +150,12 @@ class Watchdog:
             line += f"; stacks: {', '.join(finding.stacks)}"
         if self.record is not None:  # first: whoever saw the line finds the record in the journal
             self.record(diagnosis_record(finding))
-        print(line, file=self.out, flush=True)
+        print(printable(line), file=self.out, flush=True)
         from .hints import for_finding
 
         for hint in (h for h in for_finding(finding, self.run) if h not in self.hints_said):
             self.hints_said.add(hint)
-            print(f"{PREFIX} {hint}", file=self.out, flush=True)
+            print(printable(f"{PREFIX} {hint}"), file=self.out, flush=True)
         if not self.quick:
             self._export(finding, involved)
 
@@ -141,17 +164,18 @@ class Watchdog:
         the finding names, where allowed; faulthandler on its signal for the others and as fallback."""
         paths = []
         for i, proc in enumerate(involved):
-            if not proven(proc):  # another host, a recycled pid, an old run: never signalled
+            target = pinned(proc)
+            if target is None:  # another node's, a recycled pid, an old or planted journal: never signalled
                 continue
-            if i == 0 and self.py_spy:
-                out = self.run.path / STACKS_DIR / f"{proc.path.stem}-py-spy-{int(time.time())}.txt"
-                spy = stacks.py_spy(proc.pid, out)
-                if spy is not None:
-                    paths.append(str(spy))
-                    continue
-            path = stacks.dump_path(self.run.path, proc.path.stem)
-            if stacks.request(proc.pid, path, f"{finding.kind}: {finding.message}"):
-                paths.append(str(path))
+            with target:
+                run_dir = self.run.dir_of(proc)
+                if i == 0 and self.py_spy:
+                    spy = stacks.py_spy(target, run_dir, proc.path.stem)
+                    if spy is not None:
+                        paths.append(str(spy))
+                        continue
+                reason = f"{finding.kind}: {finding.message}"
+                paths += map(str, stacks.request(target, run_dir, proc.path.stem, reason))
         return paths
 
     def last_words(self) -> None:
@@ -172,7 +196,7 @@ class Watchdog:
         line = postmortem.root_cause_line(self.run, self.gone)
         if line is not None:
             self.said_root_cause = True
-            print(f"{PREFIX} {redact_text(line)}", file=self.out, flush=True)
+            print(printable(f"{PREFIX} {line}"), file=self.out, flush=True)
 
     def _export(self, finding: Finding, involved: list[ProcessRec]) -> None:
         """The finding as an OTel event, and the involved ranks' open phases as incomplete spans."""
@@ -204,22 +228,28 @@ class Watchdog:
             if time.monotonic() - self.first_seen.get(f.key, time.monotonic()) < self.abort_after:
                 continue
             self.abort_after = None
-            launcher = next((p for p in self.run.processes if p.role == "launcher" and proven(p)), None)
+            # only a launcher its own journal proves (it holds it open), pinned until signalled
+            launcher = next(filter(None, (pinned(p) for p in self.run.processes if p.role == "launcher")), None)
             if launcher is None:
                 print(
-                    f"{PREFIX} stall persisted; {keys.ENV_ABORT_AFTER} is set but no launcher of this run is "
-                    "running on this host: nothing signalled",
+                    printable(
+                        f"{PREFIX} stall persisted; {keys.ENV_ABORT_AFTER} is set but no launcher of this run is "
+                        "running on this host: nothing signalled"
+                    ),
                     file=self.out,
                     flush=True,
                 )
                 return
             print(
-                f"{PREFIX} stall persisted {f.since_s:.0f} s; sending SIGTERM to the launcher (pid "
-                f"{launcher.pid}) as {keys.ENV_ABORT_AFTER} asks",
+                printable(
+                    f"{PREFIX} stall persisted {f.since_s:.0f} s; sending SIGTERM to the launcher (pid "
+                    f"{launcher.pid}) as {keys.ENV_ABORT_AFTER} asks"
+                ),
                 file=self.out,
                 flush=True,
             )
-            os.kill(launcher.pid, signal.SIGTERM)
+            launcher.send(signal.SIGTERM)
+            launcher.close()
             return
 
     def loop(self) -> None:
@@ -291,7 +321,7 @@ def launcher_last_words() -> list[int]:
             previous = signal.signal(signal.SIGQUIT, signal.SIG_IGN)
     try:
         dog.last_words()
-        return [p.pid for p in dog.run.ranks if not p.ready and p.pid not in dog.gone and proven(p)]
+        return [p.pid for p in dog.run.ranks if not p.ready and p.pid not in dog.gone and running(p)]
     except Exception as exc:
         log.debug("sglang-phasetrace: last words failed: %r", exc)
         return []

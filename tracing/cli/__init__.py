@@ -13,6 +13,7 @@ import importlib
 import os
 import sys
 
+from ..redact import printable
 from .command import EXIT_FAILED, EXIT_STALLED, Command, CommandError, where
 
 EPILOG = f"""\
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.command.run(args)
     except CommandError as exc:
-        print(f"phasetrace {args.verb}: {exc}", file=sys.stderr)
+        print(printable(f"phasetrace {args.verb}: {exc}"), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
@@ -84,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except Exception as exc:  # a bug of ours: one line that says where, not a traceback
-        print(f"phasetrace {args.verb}: internal error: {exc!r}{where(exc)}; please report it", file=sys.stderr)
+        print(
+            printable(f"phasetrace {args.verb}: internal error: {exc!r}{where(exc)}; please report it"), file=sys.stderr
+        )
         return 1
     finally:
         gc.enable()

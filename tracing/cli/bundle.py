@@ -6,8 +6,9 @@ root cause, what the watchdog recorded) and the server arguments; once, the vers
 of environment variables, ``nvidia-smi -q`` and the kernel log's tail (OOM kills, GPU Xid errors);
 and ``SUMMARY.md`` to paste into the issue. Every byte that goes in passes through ``tracing.redact``
 (journal records through ``redact``, text through ``redact_text``). Files are read only as regular
-files inside the run directory (never through a link); the archive is created 0600. What could not
-be collected is said in ``SUMMARY.md``, never fatal.
+files inside the run directory (never through a link), each within a cap (journals as every reader
+reads them: ``journal.JournalTail``); the archive is created 0600. What could not be collected is
+said in ``SUMMARY.md``, never fatal.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import hints, postmortem
-from ..journal import _loads, dumps, read_regular
+from ..journal import JournalTail, _loads, dumps, read_regular
 from ..redact import REDACTED, is_secret_key, redact, redact_text
 from ..render.html_report import render_report
 from ..render.lanes import Lane, Layout, layout
@@ -149,10 +150,20 @@ def _read(path: Path, bundle: Bundle, limit: int = -1, tail: bool = False) -> by
         return None
 
 
-def redact_journal(data: bytes) -> bytes:
+def copy_journal(path: Path, bundle: Bundle) -> bytes:
+    """The journal at ``path`` redacted, read a piece at a time as readers read it: a line over
+    ``journal.LINE_MAX`` and whatever lies past ``journal.journal_max()`` are left out (said in
+    SUMMARY.md), so a huge or sparse file costs neither memory nor the archive's size."""
+    tail = JournalTail(path)
+    data = b"".join(redact_journal(lines) for lines, _ in tail.pieces(final=True))
+    bundle.missing += [clean(redact_text(problem)) for problem in tail.problems]
+    return data
+
+
+def redact_journal(lines: list[bytes]) -> bytes:
     """Each line re-written: a record through ``redact``, anything else (a torn line) through ``redact_text``."""
     out = []
-    for raw in data.splitlines():
+    for raw in lines:
         if not raw.strip():
             continue
         try:
@@ -167,10 +178,10 @@ def redact_journal(data: bytes) -> bytes:
 
 
 def _redact_json_file(data: bytes) -> bytes:
-    try:
-        return (json.dumps(redact(json.loads(data)), indent=1, ensure_ascii=False) + "\n").encode()
+    try:  # orjson: a depth limit, no NaN (the stdlib's parser recurses, and takes them)
+        return (json.dumps(redact(_loads(data)), indent=1, ensure_ascii=False) + "\n").encode()
     except ValueError:
-        return redact_text(data.decode("utf-8", "replace")).encode()
+        return redact_text(data.decode("utf-8", "replace"), limit=None).encode()
 
 
 def server_args(run: RunView) -> list[dict[str, Any]]:
@@ -182,7 +193,7 @@ def server_args(run: RunView) -> list[dict[str, Any]]:
             if not isinstance(raw, str):
                 continue
             try:
-                value: Any = json.loads(raw)
+                value: Any = _loads(raw)
             except ValueError:
                 value = raw
             value = redact(value)
@@ -262,24 +273,24 @@ def collect_run(path: Path, name: str, bundle: Bundle) -> dict[str, Any]:
     lay = layout(run, run_end(run))
     found = findings(run, lay.end, gone=gone_ranks(run))
     verdicts = by_process(run, found)
-    for sub, suffix, limit in ((JOURNAL_DIR, ".jsonl", -1), (STATUS_DIR, ".json", MAX_STATUS)):
-        for file in _files(path, sub, suffix, bundle):
-            data = _read(file, bundle, limit)
-            if data is not None:
-                fix = redact_journal if sub == JOURNAL_DIR else _redact_json_file
-                bundle.add(f"{name}/{sub}/{file.name}", fix(data))
+    for file in _files(path, JOURNAL_DIR, ".jsonl", bundle):
+        bundle.add(f"{name}/{JOURNAL_DIR}/{file.name}", copy_journal(file, bundle))
+    for file in _files(path, STATUS_DIR, ".json", bundle):
+        data = _read(file, bundle, MAX_STATUS)
+        if data is not None:
+            bundle.add(f"{name}/{STATUS_DIR}/{file.name}", _redact_json_file(data))
     for file in _files(path, STACKS_DIR, ".txt", bundle):
         data = _read(file, bundle, MAX_STACK, tail=True)
         if data is not None:
-            bundle.add(f"{name}/{STACKS_DIR}/{file.name}", redact_text(data.decode("utf-8", "replace")))
+            bundle.add(f"{name}/{STACKS_DIR}/{file.name}", redact_text(data.decode("utf-8", "replace"), limit=None))
     timeline = "\n".join(clean(t.plain).rstrip() for t in render_timeline(lay, width=160, depth=2))
-    bundle.add(f"{name}/timeline.txt", redact_text(timeline) + "\n")
-    bundle.add(f"{name}/report.html", redact_text(render_report(lay, found, verdicts)))
+    bundle.add(f"{name}/timeline.txt", redact_text(timeline, limit=None) + "\n")
+    bundle.add(f"{name}/report.html", redact_text(render_report(lay, found, verdicts), limit=None))
     diagnosis = diagnosis_text(lay, found)
     bundle.add(f"{name}/diagnosis.txt", "\n".join(diagnosis) + "\n")
     args = server_args(run)
     if args:
-        bundle.add(f"{name}/server-args.json", redact_text(json.dumps(args, indent=1, default=str)) + "\n")
+        bundle.add(f"{name}/server-args.json", redact_text(json.dumps(args, indent=1, default=str), limit=None) + "\n")
     bundle.add(f"{name}/phases.md", phase_table(lay, verdicts, None))
     if run.problems:
         bundle.add(f"{name}/journal-problems.txt", "\n".join(redact_text(clean(p)) for p in run.problems) + "\n")
@@ -400,7 +411,7 @@ def kernel_log(bundle: Bundle) -> None:
         body = [f"# `{' '.join(argv)}` on {platform.node()}: lines about OOM kills, GPU (Xid/NVRM) and hangs"]
         body += events or ["(none)"]
         body += ["", f"# its last {min(KERNEL_TAIL, len(lines))} lines", *lines[-KERNEL_TAIL:]]
-        bundle.add("system/kernel-log.txt", redact_text("\n".join(body)) + "\n")
+        bundle.add("system/kernel-log.txt", redact_text("\n".join(body), limit=None) + "\n")
         return
     bundle.missing.append("kernel log: " + "; ".join(whys))
 
@@ -415,7 +426,7 @@ def collect_system(bundle: Bundle) -> dict[str, str]:
     if smi is None:
         bundle.missing.append(f"nvidia-smi -q: {why}")
     else:
-        bundle.add("system/nvidia-smi.txt", redact_text(smi))
+        bundle.add("system/nvidia-smi.txt", redact_text(smi, limit=None))
     kernel_log(bundle)
     return found
 
@@ -459,7 +470,7 @@ def summary(runs: list[dict[str, Any]], found_versions: dict[str, str], bundle: 
         "Everything here passed through sglang-phasetrace's redaction (`[REDACTED]` marks what it hid: "
         "credentials in URLs, tokens, keys, passwords). Look it over before you post it.",
     ]
-    return redact_text("\n".join(out)) + "\n"
+    return redact_text("\n".join(out), limit=None) + "\n"
 
 
 def write_archive(members: dict[str, bytes], output: Path) -> None:

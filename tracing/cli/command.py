@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 from rich.console import Console
 from rich.text import Text
 
-from ..render.term import clean
+from ..redact import printable
 from ..rundir import JOURNAL_DIR, RunView, load_run
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ def run_side(arg: str) -> list[str]:
 def report_problems(run: RunView, said: set[str] | None = None) -> None:
     for problem in run.problems:
         if said is None or problem not in said:
-            print(f"phasetrace: skipped {clean(problem)}", file=sys.stderr)  # names and keys from the files
+            print(printable(f"phasetrace: skipped {problem}"), file=sys.stderr)  # names and keys from the files
             if said is not None:
                 said.add(problem)
 

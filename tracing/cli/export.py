@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ..diagnose import Finding
+from ..redact import printable
 from ..render.jaeger import jaeger_chunks, to_jaeger
 from ..render.jsonout import dumps
 from ..render.lanes import Layout, layout
@@ -111,7 +112,7 @@ for it carry phasetrace.waiting_for.
         if args.endpoint:
             headers = dict(h.split("=", 1) for h in args.header if "=" in h)
             n = send(lay, args.endpoint, args.protocol, headers, args.timeout)
-            print(f"sent {n} spans from {len(lay.lanes)} processes to {args.endpoint} ({args.protocol})")
+            print(printable(f"sent {n} spans from {len(lay.lanes)} processes to {args.endpoint} ({args.protocol})"))
             return 0
         output = args.output or str(Path(args.run_dirs[0]) / f"export-{args.format}.json")
         export_file(lay, args.format, output)

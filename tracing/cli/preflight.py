@@ -5,7 +5,9 @@ graphs, the draft) before the real start spends an hour reading the checkpoint.
 It is ``phasetrace run`` with three differences: the command's arguments are rewritten
 (``tracing.preflight``), the launch runs in its own session so it can be stopped as a group, and
 it is stopped — SIGTERM to the group, then SIGKILL after a grace — at ready, at the first verdict,
-or at the deadline, whichever comes first.
+or at the deadline, whichever comes first. The group's leader (the command) is reaped only once
+nothing of its group runs any more: until then its id is taken (a zombie leader holds it), so a
+signal to the group never reaches a group that reused the id.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ import sys
 import time
 from pathlib import Path
 
+from .. import procs
 from ..diagnose import Finding
 from ..preflight import NotLaunchServer, estimate, gigabytes, rewrite, span
+from ..redact import printable
 from ..render.compare_table import ranks_table
 from ..render.lanes import Layout, layout
 from ..render.phase_stats import within_run
 from ..render.run_text import status_line
-from ..render.term import clean
 from ..rundir import RunView
 from .command import EXIT_FAILED, EXIT_STALLED, CommandError, make_console
 from .findings import ENDED, alarms, by_process
@@ -67,8 +70,34 @@ def read_rate(path: Path, limit: int = SAMPLE) -> tuple[float, int]:
     return done / max(elapsed, 1e-6), done
 
 
+class Leader(subprocess.Popen):
+    """The launch's first process, in a session of its own: ``poll`` and ``wait`` see it end
+    without reaping it (``waitid(WNOWAIT)``), so its process group's id stays ours while we signal
+    the group; ``release`` reaps it, once nothing of the group runs any more."""
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            ended = procs.child_ended(self.pid)
+            if ended is not None:
+                self.returncode = ended.code if ended.signal is None else -ended.signal
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic())))
+        return self.returncode
+
+    def release(self) -> None:
+        """Reap it (it has ended: ``wait``)."""
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+
 def say(text: str) -> None:
-    print(clean(f"phasetrace preflight: {text}"), file=sys.stderr, flush=True)
+    print(printable(f"phasetrace preflight: {text}"), file=sys.stderr, flush=True)
 
 
 class Preflight(Run):
@@ -115,8 +144,13 @@ known-fix hints (said by the watchdog), without waiting for the deadline; not re
         self.kill_at: float | None = None
         self.t0 = time.monotonic()
         args.command_line = rewritten.command
-        rc = super().run(args)
-        self.reap()
+        self.leader: Leader | None = None
+        try:
+            rc = super().run(args)  # the leader has ended, not reaped
+            self.reap()
+        finally:
+            if self.leader is not None:
+                self.leader.release()
         return self.conclude(rc, size, rate)
 
     def measure(self, model: str | None, draft: str | None, timed: bool) -> tuple[int | None, float | None]:
@@ -140,7 +174,7 @@ known-fix hints (said by the watchdog), without waiting for the deadline; not re
         return size, rate
 
     def start(self, command: list[str], env: dict[str, str]) -> subprocess.Popen:
-        child = subprocess.Popen(command, env=env, start_new_session=True)
+        child = self.leader = Leader(command, env=env, start_new_session=True)
         self.group = child.pid
         return child
 
@@ -203,6 +237,8 @@ known-fix hints (said by the watchdog), without waiting for the deadline; not re
             self.kill_at = time.monotonic() + GRACE_S
 
     def signal_group(self, sig: int) -> bool:
+        """``sig`` to the launch's process group; only while its leader is not reaped (``Leader``):
+        the group's id is then still ours."""
         try:
             os.killpg(self.group, sig)
             return True
@@ -210,12 +246,15 @@ known-fix hints (said by the watchdog), without waiting for the deadline; not re
             return False
 
     def reap(self) -> None:
-        """The launcher has exited; its ranks may not have: wait out the grace, then SIGKILL the rest."""
+        """The launcher has exited (not reaped yet); its ranks may not have: SIGTERM, the grace,
+        then SIGKILL to what still runs — nothing once the group is empty."""
         until = time.monotonic() + GRACE_S
-        self.signal_group(signal.SIGTERM)
-        while self.signal_group(0) and time.monotonic() < until:
+        if procs.group_alive(self.group):
+            self.signal_group(signal.SIGTERM)
+        while procs.group_alive(self.group) and time.monotonic() < until:
             time.sleep(0.2)
-        self.signal_group(signal.SIGKILL)
+        if procs.group_alive(self.group):
+            self.signal_group(signal.SIGKILL)
 
     def conclude(self, rc: int, size: int | None, rate: float | None) -> int:
         elapsed = time.monotonic() - self.t0

@@ -24,11 +24,10 @@ from typing import Any
 from .. import files, hints, keys, postmortem, procs, records
 from ..diagnose import Finding
 from ..journal import JournalWriter
-from ..redact import redact_text
+from ..redact import printable
 from ..render import verdict
 from ..render.lanes import Layout, layout
 from ..render.run_text import status_line, summary
-from ..render.term import clean
 from ..render.verdict import rank_lanes
 from ..rundir import JOURNAL_DIR, RunView
 from ..watchdog import PREFIX, diagnosis_record
@@ -154,10 +153,10 @@ class LiveLine:
             return
         if self.tty:
             width = shutil.get_terminal_size().columns - 1
-            sys.stderr.write(f"\r\x1b[K{('phasetrace: ' + line)[:width]}")
+            sys.stderr.write(f"\r\x1b[K{printable('phasetrace: ' + line)[:width]}")
             sys.stderr.flush()
         elif signature != self.last:
-            print(f"phasetrace: {line}", file=sys.stderr, flush=True)
+            print(printable(f"phasetrace: {line}"), file=sys.stderr, flush=True)
         self.last = signature
 
     def clear(self) -> None:
@@ -200,7 +199,7 @@ Returns the command's exit code.
         env[keys.ENV_RUN_DIR] = str(run_dir)
         self.launcher_watches = env.get(keys.ENV_WATCHDOG, "1") != "0"  # the launcher's watchdog is on
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hooks_dir()), env.get("PYTHONPATH", "")) if p)
-        print(f"phasetrace: tracing into {run_dir}", file=sys.stderr, flush=True)
+        print(printable(f"phasetrace: tracing into {run_dir}"), file=sys.stderr, flush=True)
         try:
             child = self.start(command, env)
         except OSError as exc:
@@ -282,21 +281,26 @@ Returns the command's exit code.
         if not last_words and first and first[0].kind in ENDED:  # a stall said earlier is the root cause
             text = postmortem.root_cause_line(view, gone)
             if text is not None:
-                print(clean(f"{PREFIX} {redact_text(text)}"), file=sys.stderr, flush=True)
+                print(printable(f"{PREFIX} {text}"), file=sys.stderr, flush=True)
         if self.journal is not None:
             self.journal.close()
         if not lay.lanes:
             print(
-                f"phasetrace: the command exited {rc} and no traced process wrote to {view.path} "
-                "(did it start SGLang?)",
+                printable(
+                    f"phasetrace: the command exited {rc} and no traced process wrote to {view.path} "
+                    "(did it start SGLang?)"
+                ),
                 file=sys.stderr,
             )
         elif reported is None:
-            print(f"phasetrace: the command {ended(rc)}", file=sys.stderr)
+            print(printable(f"phasetrace: the command {ended(rc)}"), file=sys.stderr)
             self.finish(lay, found)
         else:  # the summary was printed at the milestone; bring the files up to the final state
             self.finish(lay, found, quiet=True)
-            print(f"phasetrace: the command {ended(rc)}; report and exports updated in {view.path}", file=sys.stderr)
+            print(
+                printable(f"phasetrace: the command {ended(rc)}; report and exports updated in {view.path}"),
+                file=sys.stderr,
+            )
 
     def failed(self, what: str, exc: Exception) -> None:
         """Say once that our own code failed (if stderr still takes it); the command runs on regardless."""
@@ -307,7 +311,11 @@ Returns the command's exit code.
         still = f"; still waiting for the command (pid {self.child.pid})" if self.child.poll() is None else ""
         with contextlib.suppress(Exception):
             self.line.clear()
-            print(f"phasetrace: internal error in {what}: {text}{still}; please report it", file=sys.stderr, flush=True)
+            print(
+                printable(f"phasetrace: internal error in {what}: {text}{still}; please report it"),
+                file=sys.stderr,
+                flush=True,
+            )
 
     @staticmethod
     def look(view: RunView, final: bool = False, gone: dict[int, Any] | None = None) -> tuple[Layout, list[Any]]:
@@ -350,9 +358,9 @@ Returns the command's exit code.
         self.line.clear()
         for f in unsaid:
             self.spoken.add((f.pid, verdict.word(f)))
-            print(clean(verdict.said(f)), file=sys.stderr, flush=True)
+            print(printable(verdict.said(f)), file=sys.stderr, flush=True)
             for hint in hints.for_finding(f, view):  # a known fix, after the verdict, never as one
-                print(clean(f"{PREFIX} {hint}"), file=sys.stderr, flush=True)
+                print(printable(f"{PREFIX} {hint}"), file=sys.stderr, flush=True)
             self.record(view, f)
         return False
 
@@ -374,7 +382,10 @@ Returns the command's exit code.
             except OSError as exc:
                 self.journal_failed = True
                 print(
-                    f"phasetrace: cannot record verdicts in {path} ({exc.strerror or exc}); they are printed here only",
+                    printable(
+                        f"phasetrace: cannot record verdicts in {path} ({exc.strerror or exc}); "
+                        "they are printed here only"
+                    ),
                     file=sys.stderr,
                 )
                 return
@@ -386,7 +397,7 @@ Returns the command's exit code.
         if not quiet:
             try:
                 for text in summary(lay, found, by_process(lay.run, found)):
-                    print(f"phasetrace: {text}", file=sys.stderr)
+                    print(printable(f"phasetrace: {text}"), file=sys.stderr)
             except Exception as exc:  # the files below are still written
                 self.failed("the summary", exc)
             report_problems(lay.run, self.said)
@@ -399,9 +410,9 @@ Returns the command's exit code.
             try:
                 write(path)
                 if not quiet:
-                    print(f"phasetrace: {name}: {path}", file=sys.stderr)
+                    print(printable(f"phasetrace: {name}: {path}"), file=sys.stderr)
             except (CommandError, OSError) as exc:
-                print(f"phasetrace: {name} not written: {exc}", file=sys.stderr)
+                print(printable(f"phasetrace: {name} not written: {exc}"), file=sys.stderr)
             except Exception as exc:  # a bug in one renderer: the others are still written
                 self.failed(f"the {name}", exc)
         sys.stderr.flush()

@@ -10,12 +10,13 @@ import sys
 import time
 from pathlib import Path
 
-from .. import records
+from .. import files, records
 from ..diagnose import Thresholds
 from ..journal import JournalWriter
+from ..redact import printable
 from ..rundir import JOURNAL_DIR
 from ..watchdog import Watchdog
-from .command import EXIT_STALLED, check_run_dir, report_problems
+from .command import EXIT_STALLED, CommandError, check_run_dir, report_problems
 
 
 class Watch:
@@ -68,6 +69,7 @@ example:  phasetrace watch phasetrace-runs/20261129-101500-ab12cd --stall-s 60
 
     def run(self, args: argparse.Namespace) -> int:
         run_dir = check_run_dir(args.run_dir, journal=False)  # a launch about to start may not have one yet
+        refuse_unsafe(run_dir)
         th = Thresholds(args.interval, args.silent_s, args.stall_s, args.no_progress_s)
         writer = open_journal(run_dir)
         dog = Watchdog(run_dir, th, out=sys.stderr, record=writer.write if writer else None, py_spy=not args.no_py_spy)
@@ -82,7 +84,7 @@ example:  phasetrace watch phasetrace-runs/20261129-101500-ab12cd --stall-s 60
                 if stalled and args.exit_on_stall:
                     break
                 if ranks and all(p.ready for p in ranks):
-                    print(f"phasetrace: all {len(ranks)} ranks ready", file=sys.stderr)
+                    print(printable(f"phasetrace: all {len(ranks)} ranks ready"), file=sys.stderr)
                     break
                 time.sleep(th.heartbeat_s)
         except KeyboardInterrupt:
@@ -93,25 +95,54 @@ example:  phasetrace watch phasetrace-runs/20261129-101500-ab12cd --stall-s 60
         return EXIT_STALLED if stalled else 0
 
 
+def refuse_unsafe(run_dir: Path) -> None:
+    """A ``CommandError`` naming the path when the run directory or its ``journal/`` is not this
+    user's alone (another user's, writable by others, ``journal/`` a link): what such a directory
+    says is no ground to signal a process, nor a place to write stacks. ``stacks/`` is checked
+    where stacks are written (a warning, the watch goes on)."""
+    real = Path(os.path.realpath(run_dir))
+    for path in (real, real / JOURNAL_DIR):
+        if path == real or os.path.lexists(path):
+            why = files.not_private(path)
+            if why is not None:
+                raise CommandError(f"refusing to watch {run_dir}: {why}")
+
+
 def open_journal(run_dir: Path) -> JournalWriter | None:
     """This watch's own journal in the run (its diagnoses), or None with one warning when the run
     directory cannot be written (read-only, another user's): the watch then only prints."""
     host, pid = socket.gethostname(), os.getpid()
     path = run_dir / JOURNAL_DIR / f"watch-{host}-{pid}.jsonl"
-    writer = None
+    writer, made = None, False
     try:
+        path = path.with_name(_create(path))  # a new file: never one this watch did not make
+        made = True
         writer = JournalWriter(path)
         writer.write_or_raise(records.process(time.time_ns(), pid, os.getppid(), host, run_dir.name, None, {}))
     except OSError as exc:
         if writer is not None:
             writer.close()
+        if made:
             with contextlib.suppress(OSError):
                 os.unlink(path)  # empty: no half-made process for readers
         print(
-            f"phasetrace watch: cannot write {path} ({exc.strerror or exc}); watching without recording: "
-            "findings are printed here only",
+            printable(
+                f"phasetrace watch: cannot write {path} ({exc.strerror or exc}); watching without recording: "
+                "findings are printed here only"
+            ),
             file=sys.stderr,
         )
         return None
     writer.write(records.identity(time.time_ns(), "watch", "watchdog", {}))
     return writer
+
+
+def _create(path: Path) -> str:
+    """Make ``path`` new and empty in its checked directory (or ``name-2``… if taken); its name."""
+    dir_fd = files.open_dir(path.parent)
+    try:
+        fd, name = files.create_new(dir_fd, path.name)
+        os.close(fd)
+        return name
+    finally:
+        os.close(dir_fd)

@@ -280,7 +280,7 @@ def read_stack(run_path: Path, path: Path) -> str | None:
     text = b"".join(chunks).decode("utf-8", errors="replace")
     if skipped:
         text = f"[truncated: the first {skipped} bytes are not shown]\n" + text
-    return redact_text(text)
+    return redact_text(text, limit=None)  # the whole (capped) stack file: MAX_STACK bounds it
 
 
 def _esc(value: Any) -> str:
