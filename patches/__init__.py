@@ -5,8 +5,9 @@ None of these modules imports SGLang; the engine patches each target module when
 
 from __future__ import annotations
 
-from . import collectives, distributed, graphs, model_runner, scheduler, server, speculative
+from . import collectives, distributed, graphs, installed, model_runner, scheduler, server, speculative
 from .engine import PatchEngine, Plan
+from .installed import current_engine, patch_model_class
 from .spec import Call, Phase
 
 PHASES: tuple[Phase, ...] = (
@@ -21,26 +22,10 @@ PHASES: tuple[Phase, ...] = (
 MODEL_PHASES: tuple[Phase, ...] = speculative.MODEL_PHASES
 MODEL_CLASSES: tuple[str, ...] = speculative.MODEL_CLASSES
 
-_engine: PatchEngine | None = None
-
 
 def install(warn=None) -> PatchEngine:
     """Create the process's engine for ``PHASES`` and register its post-import hooks (once)."""
-    global _engine
-    if _engine is None:
-        _engine = PatchEngine(PHASES, warn)
-        _engine.install()
-    return _engine
-
-
-def current_engine() -> PatchEngine | None:
-    return _engine
-
-
-def patch_model_class(cls: type) -> None:
-    """Trace embed/head sharing on a model class loaded at run time (any architecture)."""
-    if _engine is not None:
-        _engine.patch_class(cls, MODEL_PHASES)
+    return installed.install(PHASES, MODEL_PHASES, warn)
 
 
 def table_phases() -> list[Phase]:

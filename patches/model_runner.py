@@ -8,6 +8,7 @@ import struct
 from typing import Any
 
 from ..tracing import keys
+from . import installed
 from ._attrs import class_name, draft_attrs, read
 from .spec import Call, Phase, Report
 
@@ -43,9 +44,7 @@ def _loaded(call: Call, result: Any) -> dict[str, Any]:
     """After the weights: what was loaded, and trace the model class's embed/head methods."""
     model = read(call.instance, "model")
     if model is not None:
-        from . import patch_model_class
-
-        patch_model_class(type(model))
+        installed.patch_model_class(type(model))
     return {
         "sglang.model_class": class_name(model),
         "sglang.dtype": str(read(call.instance, "dtype")),

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from cli_fixtures import build_run
 from sglang_phasetrace.tracing.cli import main
-from sglang_phasetrace.tracing.rundir import load_run
+from sglang_phasetrace.tracing.reader.load import load_run
 
 COMMANDS = {
     "timeline": ["timeline", "{run}", "--width", "160"],

@@ -16,7 +16,7 @@ Prints per size: store operations per heartbeat (measured, all nodes), one node'
 (compressed / raw), what node 0 reads per pass (keys, bytes), its read latency p50/p95 and decode
 time, and the store master's CPU (the load the channel puts on rank 0's process). Then, on the
 payloads of the last pass, decode + validate per pass before issue 29 (``json.loads`` of the whole
-value, then ``records.validate`` per record) and now (msgspec into ``tracing.snapshot.Snapshot``:
+value, then ``schema.validate`` per record) and now (msgspec into ``tracing.snapshot.Snapshot``:
 types, sizes, ranges, depth; then the records as dicts), and their ratio.
 
     python scripts/bench_crossnode.py [--sizes 8,64] [--ranks 8] [--seconds 20] [--beats 4]
@@ -77,7 +77,7 @@ class Counting:
 
 
 def connect(node: int, nnodes: int, port: int) -> tuple[Any, Counting]:
-    from sglang_phasetrace.tracing.relay import Relay
+    from sglang_phasetrace.tracing.verdicts.relay import Relay
 
     relay = Relay(f"127.0.0.1:{port}", node, nnodes, timeout_s=5.0, warn=print)
     if not any(relay.connect() for _ in range(5)):  # torch's client now and then needs a second try
@@ -91,7 +91,8 @@ class Node:
     """A node's synthetic snapshot: fixed records built once, the live fields moved every beat."""
 
     def __init__(self, node: int, nnodes: int, ranks: int, beats: int) -> None:
-        from sglang_phasetrace.tracing import keys, records
+        from sglang_phasetrace.tracing import keys
+        from sglang_phasetrace.tracing.journal import records
 
         self.node, self.seq, self.beats = node, 0, beats
         rnd = random.Random(node)
@@ -173,7 +174,7 @@ class Node:
 
     def tick(self) -> bytes:
         """The next beat's payload: new ``seq``/``now``, each process's heartbeats moved on."""
-        from sglang_phasetrace.tracing.relay import encode
+        from sglang_phasetrace.tracing.verdicts.relay import encode
 
         self.seq += 1
         now = time.time_ns()
@@ -232,21 +233,21 @@ def cpu_s(proc: psutil.Process) -> float:
 
 def decode_validate_before(data: bytes) -> int:
     """What node 0 did per payload before issue 29 (kept here as the baseline): the whole value
-    decoded by ``json.loads`` (recursive, unbounded in depth), then each record ``records.validate``d
+    decoded by ``json.loads`` (recursive, unbounded in depth), then each record ``schema.validate``d
     (in ``remote_processes``). Returns the records it would use."""
-    from sglang_phasetrace.tracing import records
+    from sglang_phasetrace.tracing.journal import schema
 
     snap = json.loads(zlib.decompressobj().decompress(data, 16 << 20))
-    return sum(records.validate(r) is None for entry in snap.get("procs") or () for r in entry.get("records") or ())
+    return sum(schema.validate(r) is None for entry in snap.get("procs") or () for r in entry.get("records") or ())
 
 
 def decode_validate_after(data: bytes) -> int:
     """What node 0 does now: msgspec decodes into the schema (types, sizes, ranges, depth: nothing
-    the journal's ``records.validate`` refuses gets through), then the records as the dicts readers
+    the journal's ``schema.validate`` refuses gets through), then the records as the dicts readers
     use (``crossnode.remote_processes``)."""
     import msgspec
-    from sglang_phasetrace.tracing.relay import decode
-    from sglang_phasetrace.tracing.snapshot import Snapshot
+    from sglang_phasetrace.tracing.verdicts.node_snapshot import Snapshot
+    from sglang_phasetrace.tracing.verdicts.relay import decode
 
     return sum(len(msgspec.to_builtins(entry.records)) for entry in decode(data, Snapshot).procs)
 
@@ -265,8 +266,8 @@ def decode_validate(payloads: list[bytes], repeat: int = 7) -> tuple[float, floa
 
 
 def run(nnodes: int, args: argparse.Namespace) -> dict[str, Any]:
-    from sglang_phasetrace.tracing.relay import decode
-    from sglang_phasetrace.tracing.snapshot import Snapshot
+    from sglang_phasetrace.tracing.verdicts.node_snapshot import Snapshot
+    from sglang_phasetrace.tracing.verdicts.relay import decode
 
     p = port()
     master = subprocess.Popen([sys.executable, "-c", MASTER, str(p)], stdout=subprocess.PIPE, text=True)

@@ -75,8 +75,8 @@ def per_call_us(calls: int = 20000) -> tuple[float, float]:
 
 
 def per_record_us(records: int = 20000) -> tuple[float, float]:
-    from sglang_phasetrace.tracing import records as rec
-    from sglang_phasetrace.tracing.journal import JournalWriter, _line
+    from sglang_phasetrace.tracing.journal import records as rec
+    from sglang_phasetrace.tracing.journal.writer import JournalWriter, _line
 
     record = rec.begin(time.time_ns(), "0123456789abcdef", "fedcba9876543210", "0" * 32, "bench.step", {"i": 1}, "main")
     path = Path(tempfile.mkdtemp(prefix="bench-journal-")) / "j.jsonl"

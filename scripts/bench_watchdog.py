@@ -44,9 +44,9 @@ def _port() -> int:
 def latency(model: str, plant: str, th: Any | None = None) -> tuple[str, float, float]:
     """(finding kind, seconds from the stall's start to it, the stalled rank's process CPU %). ``th`` None:
     the defaults everywhere — the ranks' heartbeat and the watchdog's thresholds, nothing set."""
-    from sglang_phasetrace.tracing.diagnose import Thresholds
-    from sglang_phasetrace.tracing.rundir import load_run
-    from sglang_phasetrace.tracing.watchdog import Watchdog
+    from sglang_phasetrace.tracing.reader.load import load_run
+    from sglang_phasetrace.tracing.verdicts.diagnose import Thresholds
+    from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog
 
     run_dir = Path(tempfile.mkdtemp(prefix="bench-watchdog-")) / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_PHASETRACE")}
@@ -101,7 +101,7 @@ def beat_cost(beats: int = 300) -> float:
     """CPU µs per heartbeat (phases, progress, collectives, psutil figures, status file)."""
     os.environ["SGLANG_PHASETRACE_RUN_DIR"] = tempfile.mkdtemp(prefix="bench-beat-")
     os.environ["SGLANG_PHASETRACE_HEARTBEAT_S"] = "3600"
-    from sglang_phasetrace.tracing import heartbeat, spans
+    from sglang_phasetrace.tracing.recorder import heartbeat, spans
 
     handles = [spans.start_phase(f"bench.phase{i}") for i in range(4)]
     handles[-1].progress(done=3, total=10, unit="shards")
@@ -113,7 +113,7 @@ def beat_cost(beats: int = 300) -> float:
 
 
 def main() -> int:
-    from sglang_phasetrace.tracing.diagnose import Thresholds
+    from sglang_phasetrace.tracing.verdicts.diagnose import Thresholds
 
     model = sys.argv[1] if len(sys.argv) > 1 else "/tmp/tiny"
     default = Thresholds()

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_phasetrace.tracing import keys, records
+from sglang_phasetrace.tracing import keys
+from sglang_phasetrace.tracing.journal import records
 
 HOST = "node0"
 LAUNCHER_PID = 1000

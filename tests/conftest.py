@@ -22,6 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 HOOKS = ROOT / "sitecustomize_hooks"
 SCRIPTS = ROOT / "scripts"
+PLANTS = ROOT / "tests" / "plants"
 # Older SGLang releases installed beside the venv's own (scripts/install-cpu.sh, SGLANG_OVERLAYS):
 # each is a directory holding only that release's ``sglang`` package, put ahead on PYTHONPATH.
 OVERLAYS = {p.name.removeprefix("sglang-"): p for p in sorted((Path(sys.prefix) / "overlays").glob("sglang-*"))}
@@ -156,7 +157,9 @@ def engine_run(tiny_model: tuple[Path, Path], tmp_path_factory: pytest.TempPathF
     """One real traced start shared by tests that only read its output: ``sglang.Engine`` tp=2 on
     CPU, one generate, shutdown; only PYTHONPATH enables tracing."""
     base = tmp_path_factory.mktemp("engine-run")
-    ran = run_program([str(SCRIPTS / "start_engine.py"), str(tiny_model[0]), "--tp", "2"], base)
+    (base / "modules").mkdir()  # each rank's imported modules at ready (``tests/plants``: test_layout.py)
+    plant = {"PYTHONPATH": os.pathsep.join((str(HOOKS), str(PLANTS))), "PLANT_MODULES_OUT": str(base / "modules")}
+    ran = run_program([str(SCRIPTS / "start_engine.py"), str(tiny_model[0]), "--tp", "2"], base, env=plant)
     assert ran.returncode == 0, ran.stderr[-4000:]
     assert ran.run_dir is not None, "no run directory was written"
     return ran
@@ -226,3 +229,11 @@ def make_module():
     yield make
     for name in made:
         sys.modules.pop(name, None)
+
+
+def read_journal(path: Path) -> tuple[list[dict], list[str]]:
+    """All records of a finished (or abandoned) journal, and its problems as ``file:line: why``."""
+    from sglang_phasetrace.tracing.journal.reader import JournalTail
+
+    tail = JournalTail(path)
+    return tail.read(final=True), tail.problems

@@ -23,9 +23,11 @@ import msgspec
 import pytest
 from cli_fixtures import HOST, build_run
 from rich.console import Console
-from sglang_phasetrace.tracing import journal, postmortem, records
 from sglang_phasetrace.tracing.cli import main
-from sglang_phasetrace.tracing.cli.findings import by_process, findings
+from sglang_phasetrace.tracing.journal import reader as journal
+from sglang_phasetrace.tracing.journal import records, schema, writer
+from sglang_phasetrace.tracing.reader.load import load_run
+from sglang_phasetrace.tracing.reader.run import ProcessRec, RunView
 from sglang_phasetrace.tracing.render.compare_table import ranks_table, runs_table
 from sglang_phasetrace.tracing.render.html_report import render_report
 from sglang_phasetrace.tracing.render.jaeger import to_jaeger
@@ -38,7 +40,8 @@ from sglang_phasetrace.tracing.render.phase_stats import between_runs, within_ru
 from sglang_phasetrace.tracing.render.run_text import status_line, summary
 from sglang_phasetrace.tracing.render.status_table import status_rows, status_table, verdict_lines
 from sglang_phasetrace.tracing.render.timeline_text import render_timeline
-from sglang_phasetrace.tracing.rundir import ProcessRec, RunView, load_run
+from sglang_phasetrace.tracing.verdicts import postmortem
+from sglang_phasetrace.tracing.verdicts.findings import by_process, findings
 
 T = 1_000  # a time inside the run is not needed: a bad record is never used
 SPAN = "ab" * 8
@@ -66,7 +69,7 @@ VALID: dict[str, dict[str, Any]] = {
     ),
 }
 # Numbers at the edges of float and int (the line of one with ``HUGE``, ``inf`` or ``nan`` is not JSON
-# to orjson; the others parse), for a field of every bound (``records.Range``).
+# to orjson; the others parse), for a field of every bound (``schema.Range``).
 EDGES = [("t", 2**63), ("t", -1), ("t", HUGE)]
 BAD: dict[str, list[tuple[str, Any]]] = {
     "process": [
@@ -231,30 +234,30 @@ def line(record: dict[str, Any], dump: Any = json.dumps) -> str:
 
 
 def test_the_valid_records_are_valid_and_each_breakage_is_named() -> None:
-    assert set(VALID) == set(BAD) == records.KINDS
+    assert set(VALID) == set(BAD) == schema.KINDS
     for kind, record in VALID.items():
-        assert records.validate(record) is None, kind
+        assert schema.validate(record) is None, kind
         for bad, (name, _) in zip(map(built, broken(kind)), BAD[kind], strict=True):
-            why = records.validate(bad)
+            why = schema.validate(bad)
             assert why is not None and name in why, (kind, name, why)
-            assert not records.all_valid([VALID[k] for k in VALID] * 8 + [bad]), (kind, name)  # by columns
-    assert records.validate(VALID["begin"] | {"attrs": "x"}) == "'attrs' must be an object"
-    assert records.validate(VALID["heartbeat"] | {"seq": None}) == "'seq' must not be null"
+            assert not schema.all_valid([VALID[k] for k in VALID] * 8 + [bad]), (kind, name)  # by columns
+    assert schema.validate(VALID["begin"] | {"attrs": "x"}) == "'attrs' must be an object"
+    assert schema.validate(VALID["heartbeat"] | {"seq": None}) == "'seq' must not be null"
     assert (
-        records.validate(VALID["heartbeat"] | {"phases": [{"since_s": "1"}]}) == "'phases[0].since_s' must be a number"
+        schema.validate(VALID["heartbeat"] | {"phases": [{"since_s": "1"}]}) == "'phases[0].since_s' must be a number"
     )
 
 
 def bulk_accepts(record: dict[str, Any]) -> bool | None:
-    """Whether the readers' fast path (``records.BULK``) takes ``record`` written as our writer
+    """Whether the readers' fast path (``schema.BULK``) takes ``record`` written as our writer
     writes it; None when its line does not start as a bulk kind's (it goes ``validate``'s way)."""
-    text = line(record, journal.dumps).encode()
-    entry = records.BULK.get(text[: records.BULK_PREFIX])
+    text = line(record, writer.dumps).encode()
+    entry = schema.BULK.get(text[: schema.BULK_PREFIX])
     if entry is None:
         return None
     kind, decoder = entry
     try:
-        return records.bulk_valid(kind, decoder.decode(b"[" + text + b"]"))
+        return schema.bulk_valid(kind, decoder.decode(b"[" + text + b"]"))
     except (msgspec.DecodeError, ValueError, RecursionError):
         return False
 
@@ -267,13 +270,13 @@ def test_the_fast_decoders_take_what_validate_takes_and_nothing_else(kind: str) 
     assert bulk_accepts(VALID[kind] | {"kind": kind + "x"}) in (False, None)  # another kind, same first bytes
     if kind == "begin":  # a name only readers set is refused, however it is spelt
         for name, value in (("~end", 5), ("~status", "ok"), ("~error", {"type": "x"}), ("~events", [{}])):
-            assert records.validate(VALID[kind] | {name: value}) is None
+            assert schema.validate(VALID[kind] | {name: value}) is None
             assert bulk_accepts(VALID[kind] | {name: value}) is False, name
         assert bulk_accepts(VALID[kind] | {"parent": None, "trace": None, "thread": None, "attrs": None}) is True
 
 
 def test_the_fast_decoders_bound_numbers_where_the_schema_does() -> None:
-    """At each bound of a bulk kind's numbers (msgspec constraints there, ``records.Range`` in
+    """At each bound of a bulk kind's numbers (msgspec constraints there, ``schema.Range`` in
     ``validate``): the last values in, and the first out, taken and refused alike."""
     below, above = math.nextafter(-1e9, -math.inf), math.nextafter(1e9, math.inf)
     times = ([0, 2**63 - 1], [-1, 2**63])
@@ -287,7 +290,7 @@ def test_the_fast_decoders_bound_numbers_where_the_schema_does() -> None:
     for (kind, field), (ins, outs) in cases.items():
         for value, ok in [(v, True) for v in ins] + [(v, False) for v in outs]:
             record = copy.deepcopy(VALID[kind]) | {field: {"n": value} if field == "attrs" else value}
-            assert (records.validate(record) is None) == ok, (kind, field, value)
+            assert (schema.validate(record) is None) == ok, (kind, field, value)
             assert bulk_accepts(record) == ok, (kind, field, value)
 
 
@@ -372,7 +375,7 @@ def test_a_field_no_reader_uses_is_dropped_however_deep(
     """Every record of two journals carries a field the schema does not list, nested 1000 deep (a
     line of 6 KB; msgspec's decoders, which skip it recursively, stopped every verb with a
     RecursionError): the records are used as if it were not there (the bulk decoders skip it, the
-    other kinds' records drop it: ``records.trim``), and no verb, the bundle included, recurses into it."""
+    other kinds' records drop it: ``schema.trim``), and no verb, the bundle included, recurses into it."""
     run = tmp_path / "run"
     shutil.copytree(clean, run)
     for name in (f"{HOST}-1000.jsonl", f"{HOST}-2000.jsonl"):
@@ -391,7 +394,7 @@ def test_a_field_no_reader_uses_is_dropped_however_deep(
         assert code == clean_code, (verb, err)
         assert comparable(verb, out, run) == comparable(verb, clean_out, clean), verb
     proc = next(p for p in load_run(run).processes if p.pid == 2000)
-    assert all(set(r) <= records.FIELDS["heartbeat"] for r in proc.heartbeats) and proc.heartbeats
+    assert all(set(r) <= schema.FIELDS["heartbeat"] for r in proc.heartbeats) and proc.heartbeats
 
 
 def run_problems(run: Path) -> list[str]:
@@ -666,15 +669,15 @@ def test_fuzz_random_json_in_every_field(tmp_path: Path) -> None:
             _mutate(rng.choice(flat), rng)
         beat = copy.deepcopy(status)
         _mutate(beat, rng)
-        dump = journal.dumps if rejected % 2 else json.dumps  # as our writer writes lines, or spaced
+        dump = writer.dumps if rejected % 2 else json.dumps  # as our writer writes lines, or spaced
         for name, recs in mutated.items():
             (run / "journal" / name).write_text("".join(line(r, dump) + "\n" for r in recs))
             # the fast paths never accept what validate refuses
             objects = list(map(built, recs))
-            assert records.all_valid(objects) == all(records.validate(r) is None for r in objects)
+            assert schema.all_valid(objects) == all(schema.validate(r) is None for r in objects)
             for r, obj in zip(recs, objects, strict=True):
-                assert bulk_accepts(r) in (None, records.validate(obj) is None), r
+                assert bulk_accepts(r) in (None, schema.validate(obj) is None), r
         (run / "status" / f"{HOST}-2000.json").write_text(line(beat))
-        rejected += sum(records.validate(built(r)) is not None for r in flat)
+        rejected += sum(schema.validate(built(r)) is not None for r in flat)
         _render_everything(run)
     assert rejected > 100  # the mutations did reach the validator

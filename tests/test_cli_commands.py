@@ -19,13 +19,15 @@ from typing import Any
 import pytest
 from cli_fixtures import FAIL_MESSAGE, PEER_WAIT_PHASE, STALL_PHASE, SyntheticRun, build_run
 from conftest import requires_sglang
-from sglang_phasetrace.tracing import diagnose, postmortem, rundir
 from sglang_phasetrace.tracing.cli import command as command_module
-from sglang_phasetrace.tracing.cli import findings as findings_module
 from sglang_phasetrace.tracing.cli import main
-from sglang_phasetrace.tracing.diagnose import Finding
+from sglang_phasetrace.tracing.reader import load
+from sglang_phasetrace.tracing.reader import run as rundir
 from sglang_phasetrace.tracing.render import lanes as lanes_module
 from sglang_phasetrace.tracing.render.lanes import Layout, layout
+from sglang_phasetrace.tracing.verdicts import diagnose, postmortem
+from sglang_phasetrace.tracing.verdicts import findings as findings_module
+from sglang_phasetrace.tracing.verdicts.diagnose import Finding
 
 VERBS = ("run", "status", "timeline", "compare", "report", "export", "doctor", "bundle", "env", "preflight")
 
@@ -200,19 +202,19 @@ def test_a_large_run_read_on_two_cores_is_the_same_run(
     if threading.active_count() > 1:
         pytest.skip("another thread runs in this test process: the read is never forked then")
     path = runs[name].path
-    serial = rundir.load_run(path)
-    monkeypatch.setattr(rundir._Child, "MIN_BYTES", 0)
-    monkeypatch.setattr(rundir._Child, "SHARE", 0.75)  # the child reads the damaged journals too
-    started: list[rundir._Child] = []
-    start = rundir._Child.start
+    serial = load.load_run(path)
+    monkeypatch.setattr(load.Child, "MIN_BYTES", 0)
+    monkeypatch.setattr(load.Child, "SHARE", 0.75)  # the child reads the damaged journals too
+    started: list[load.Child] = []
+    start = load.Child.start
 
-    def spy(journals: list[Path], final: bool, shallow: int | None = None) -> rundir._Child | None:
+    def spy(journals: list[Path], final: bool, shallow: int | None = None) -> load.Child | None:
         child = start(journals, final, shallow)
         started.append(child)
         return child
 
-    monkeypatch.setattr(rundir._Child, "start", staticmethod(spy))
-    parallel = rundir.load_run(path, parallel=True)
+    monkeypatch.setattr(load.Child, "start", staticmethod(spy))
+    parallel = load.load_run(path, parallel=True)
     assert started and started[0] is not None and 0 < started[0].first < len(list((path / "journal").iterdir()))
     assert parallel.problems == serial.problems
     if name == "stalled":  # a problem the child found comes back with its file:line
@@ -221,15 +223,15 @@ def test_a_large_run_read_on_two_cores_is_the_same_run(
     assert [r.path for _, r in parallel._tails.values()] == [r.path for _, r in serial._tails.values()]
 
     for depth in (0, 1, 2):  # a timeline's read: the child sends only what is drawn, the same lanes
-        shallow = rundir.load_run(path, parallel=True, shallow=depth)
+        shallow = load.load_run(path, parallel=True, shallow=depth)
         assert _bars(layout(shallow, depth=depth)) == _bars(layout(serial, depth=depth))
         assert shallow.problems == serial.problems
 
     def broken(path: Path, final: bool, shallow: int | None = None) -> tuple:
         raise RuntimeError("the child fails")
 
-    monkeypatch.setattr(rundir, "_pack", broken)  # runs in the child: it exits 1, the parent reads all
-    again = rundir.load_run(path, parallel=True)
+    monkeypatch.setattr(load, "_pack", broken)  # runs in the child: it exits 1, the parent reads all
+    again = load.load_run(path, parallel=True)
     assert again.problems == serial.problems and _state(again) == _state(serial)
 
 
@@ -273,12 +275,12 @@ def test_a_shallow_two_core_read_gives_the_verdicts_a_whole_read_gives(
     if threading.active_count() > 1:
         pytest.skip("another thread runs in this test process: the read is never forked then")
     path = runs[name].path
-    serial = rundir.load_run(path)
+    serial = load.load_run(path)
     phases = {s.phase for p in serial.processes for s in p.spans.values()}
-    monkeypatch.setattr(rundir._Child, "MIN_BYTES", 0)
-    monkeypatch.setattr(rundir._Child, "SHALLOW_SHARE", 0.75)
+    monkeypatch.setattr(load.Child, "MIN_BYTES", 0)
+    monkeypatch.setattr(load.Child, "SHALLOW_SHARE", 0.75)
     for depth in (0, 1):
-        shallow = rundir.load_run(path, parallel=True, shallow=depth)
+        shallow = load.load_run(path, parallel=True, shallow=depth)
         sent = sum(len(p.spans) for p in shallow.processes)
         assert sent < sum(len(p.spans) for p in serial.processes)  # some were left out
         assert _what_verdicts_read(shallow, phases) == _what_verdicts_read(serial, phases)
@@ -318,13 +320,13 @@ def test_a_split_run_renders_the_same_as_one_read_in_one_process(
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
     alone = _outputs(capsys, run.path, tmp_path / "one")
-    monkeypatch.setattr(rundir._Child, "MIN_BYTES", 0)
-    monkeypatch.setattr(rundir._Child, "SPLIT_SHARE", 0.6)
+    monkeypatch.setattr(load.Child, "MIN_BYTES", 0)
+    monkeypatch.setattr(load.Child, "SPLIT_SHARE", 0.6)
     splits: list[rundir.RunView] = []
-    load = rundir.load_run
+    load_run = load.load_run
 
     def spy(*args: Any, **kwargs: Any) -> rundir.RunView:
-        view = load(*args, **kwargs)
+        view = load_run(*args, **kwargs)
         splits.append(view)
         return view
 
@@ -488,7 +490,7 @@ def test_status_verdict_from_analysis_without_diagnosis_record(
     run = runs["ok"]
     seen = []
 
-    def analyze(view, now_ns, thresholds):
+    def analyze(view, now_ns, thresholds, notices=False):
         seen.append(now_ns)
         return [Finding("silent", "tp2", run.pids["tp2"], "kv_cache.alloc", 42.0, "no heartbeat for 42 s")]
 

@@ -23,7 +23,7 @@ import pytest
 from cli_fixtures import STALL_PHASE, build_run
 from conftest import free_port
 from sglang_phasetrace.tracing.cli import main
-from sglang_phasetrace.tracing.rundir import load_run
+from sglang_phasetrace.tracing.reader.load import load_run
 
 
 @pytest.fixture(scope="module", params=["stalled", "same-ids", "engine"])

@@ -15,11 +15,12 @@ import threading
 from pathlib import Path
 
 import pytest
-from sglang_phasetrace.tracing import diagnose, rundir
-from sglang_phasetrace.tracing.diagnose import Thresholds, analyze
 from sglang_phasetrace.tracing.keys import ENV_ABORT_AFTER
-from sglang_phasetrace.tracing.rundir import RunView
-from sglang_phasetrace.tracing.watchdog import Watchdog
+from sglang_phasetrace.tracing.reader import load
+from sglang_phasetrace.tracing.reader.run import RunView
+from sglang_phasetrace.tracing.verdicts import diagnose
+from sglang_phasetrace.tracing.verdicts.diagnose import Thresholds, analyze
+from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog
 
 S = 1_000_000_000
 NOW = 1_900_000_000 * S
@@ -172,9 +173,9 @@ def test_peers_read_shallow_by_a_forked_child_still_left_the_straggler_behind(
         rank.phase("kv_cache.alloc", 79, 78) if rank is not r2 else None
         rank.heartbeat(1).write()
     whole = analyze(RunView(tmp_path).refresh(final=True), NOW, TH)
-    monkeypatch.setattr(rundir._Child, "MIN_BYTES", 0)
-    monkeypatch.setattr(rundir._Child, "SHALLOW_SHARE", 0.7)  # the child reads tp1's and tp2's journals
-    shallow = RunView(tmp_path).refresh(final=True, parallel=True, shallow=0)
+    monkeypatch.setattr(load.Child, "MIN_BYTES", 0)
+    monkeypatch.setattr(load.Child, "SHALLOW_SHARE", 0.7)  # the child reads tp1's and tp2's journals
+    shallow = load.refresh_parallel(RunView(tmp_path), final=True, shallow=0)
     assert sum(n for p in shallow.processes for n, _ in p.dropped.values()) > 0  # some spans were left out
     assert [(f.kind, f.label, f.message) for f in analyze(shallow, NOW, TH)] == [
         (f.kind, f.label, f.message) for f in whole

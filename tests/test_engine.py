@@ -23,8 +23,10 @@ from sglang_phasetrace.patches import PatchEngine, Phase
 from sglang_phasetrace.patches.engine import FALLBACK, MISSING, NO_MODULE, NOT_FUNCTION, USED
 from sglang_phasetrace.patches.spec import Report
 from sglang_phasetrace.patches.wrappers import MARK
-from sglang_phasetrace.tracing import keys, runtime
-from sglang_phasetrace.tracing.rundir import SpanRec, load_run
+from sglang_phasetrace.tracing import keys
+from sglang_phasetrace.tracing.reader.load import load_run
+from sglang_phasetrace.tracing.reader.run import SpanRec
+from sglang_phasetrace.tracing.recorder import runtime
 
 LOGGER = "sglang_phasetrace"
 
@@ -589,7 +591,7 @@ def test_alias_sweep_does_not_trip_objects_that_warn_on_attribute_access(run_dir
 
 def test_span_ids_do_not_follow_the_global_random_seed(run_dir):
     """SGLang seeds ``random`` with the same seed in every rank; span ids must still differ."""
-    from sglang_phasetrace.tracing import spans as spans_
+    from sglang_phasetrace.tracing.recorder import spans as spans_
 
     ids = []
     for _ in range(2):
@@ -667,7 +669,7 @@ def test_collective_wrapper_stays_out_of_torch_compile_graphs(run_dir, make_modu
     """SGLang may torch.compile model forwards during init (graph capture), and those call the
     collectives we record: inside a compiled region our wrapper must be the bare call."""
     torch = pytest.importorskip("torch")
-    from sglang_phasetrace.tracing import spans as span_api
+    from sglang_phasetrace.tracing.recorder import spans as span_api
 
     mod = make_module("def all_reduce(x):\n    return x * 2\n")
     PatchEngine([Phase("t.collective", (f"{mod.__name__}:all_reduce",), kind="collective")]).apply_module(mod.__name__)

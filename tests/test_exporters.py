@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 from conftest import hook_env
-from sglang_phasetrace.tracing import exporters, process_state
-from sglang_phasetrace.tracing.runtime import PrivateIdGenerator
+from sglang_phasetrace.tracing import process_state
+from sglang_phasetrace.tracing.recorder import exporters, otlp
+from sglang_phasetrace.tracing.recorder.runtime import PrivateIdGenerator
 
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http.trace_exporter")
 
@@ -38,12 +39,12 @@ def dead_provider(dead_endpoint: str, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", dead_endpoint)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")  # so that teardown's shutdown is quick
-    monkeypatch.setattr(process_state.STATE, "collector", exporters.Collector())
+    monkeypatch.setattr(process_state.STATE, "collector", otlp.Collector())
     provider = TracerProvider(id_generator=PrivateIdGenerator(), shutdown_on_exit=False)
     processor = exporters.processor_from_env(pytest.fail)
     provider.add_span_processor(processor)
     yield provider
-    exporters.collector().answering = False  # the export thread may still be waiting
+    otlp.collector().answering = False  # the export thread may still be waiting
     processor.shutdown()  # joins the worker; returns once its export gives up
 
 
@@ -51,30 +52,30 @@ def test_flush_waits_at_most_its_bound_and_not_at_all_for_an_unresponsive_collec
     tracer = dead_provider.get_tracer("test")
     tracer.start_span("phase").end()
     start = time.monotonic()
-    assert exporters.flush(dead_provider, 0.5) is False  # the batch went out; no answer within the bound
+    assert otlp.flush(dead_provider, 0.5) is False  # the batch went out; no answer within the bound
     assert 0.4 < time.monotonic() - start < 1.5
-    time.sleep(exporters.Collector.SLOW_S)  # that export has now been waiting too long
-    assert exporters.collector().unresponsive()
+    time.sleep(otlp.Collector.SLOW_S)  # that export has now been waiting too long
+    assert otlp.collector().unresponsive()
     tracer.start_span("phase").end()
     start = time.monotonic()
-    assert exporters.flush(dead_provider, 5.0) is False
+    assert otlp.flush(dead_provider, 5.0) is False
     assert time.monotonic() - start < 2.5  # not waited for: well under its 5 s bound
 
 
 def test_a_collector_that_failed_its_last_batch_is_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(process_state.STATE, "collector", exporters.Collector())
-    assert not exporters.collector().unresponsive()
-    exporters.collector().answering = False
-    assert exporters.collector().unresponsive()
-    exporters.collector().answering = True
-    assert not exporters.collector().unresponsive()
+    monkeypatch.setattr(process_state.STATE, "collector", otlp.Collector())
+    assert not otlp.collector().unresponsive()
+    otlp.collector().answering = False
+    assert otlp.collector().unresponsive()
+    otlp.collector().answering = True
+    assert not otlp.collector().unresponsive()
 
 
 def test_a_traced_process_exits_promptly_with_a_dead_collector(dead_endpoint: str, tmp_path: Path) -> None:
     """Phases ended, spans queued for a collector that never answers: the process exits within the
     exit flush's bound (2 s), not after the SDK's 30 s shutdown join."""
     program = textwrap.dedent("""
-        from sglang_phasetrace.tracing import spans
+        from sglang_phasetrace.tracing.recorder import spans
         for i in range(20):
             spans.start_phase(f"phase{i}").end()
         spans.start_phase("left.open")  # ended as incomplete at exit
@@ -108,7 +109,7 @@ def test_a_refused_collector_is_one_warning_naming_the_endpoint(monkeypatch, cap
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: connections are refused
     endpoint = f"http://user:hunter2pass@127.0.0.1:{port}"
-    monkeypatch.setattr(process_state.STATE, "collector", exporters.Collector())
+    monkeypatch.setattr(process_state.STATE, "collector", otlp.Collector())
     watched = exporters.Watched(OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces", timeout=1), endpoint)
     tracer = TracerProvider(id_generator=PrivateIdGenerator()).get_tracer("t")
     spans = []

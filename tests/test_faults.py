@@ -17,7 +17,7 @@ import psutil
 import pytest
 from conftest import HOOKS, ROOT, SCRIPTS, dist_ranks, hook_env, kill_group, requires_sglang
 from sglang_phasetrace.tracing import procs
-from sglang_phasetrace.tracing.rundir import load_run
+from sglang_phasetrace.tracing.reader.load import load_run
 
 pytestmark = [requires_sglang, pytest.mark.sglang]
 PLANTS = ROOT / "tests" / "plants"

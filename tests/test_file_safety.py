@@ -19,11 +19,13 @@ from pathlib import Path
 
 import pytest
 from cli_fixtures import build_run
-from conftest import ROOT, free_port, requires_sglang, run_program
-from sglang_phasetrace.tracing import files, heartbeat, journal, process_state, runtime, spans
+from conftest import ROOT, free_port, read_journal, requires_sglang, run_program
+from sglang_phasetrace.tracing import files, process_state
 from sglang_phasetrace.tracing.cli import main
-from sglang_phasetrace.tracing.journal import JournalWriter, read_journal
-from sglang_phasetrace.tracing.rundir import load_run
+from sglang_phasetrace.tracing.journal import reader as journal
+from sglang_phasetrace.tracing.journal.writer import JournalWriter
+from sglang_phasetrace.tracing.reader.load import load_run
+from sglang_phasetrace.tracing.recorder import heartbeat, runtime, spans
 
 PHASES = 30
 

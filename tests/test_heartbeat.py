@@ -11,8 +11,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from sglang_phasetrace.tracing import collectives, gpu, heartbeat, spans
-from sglang_phasetrace.tracing.rundir import load_run
+from sglang_phasetrace.tracing.reader.load import load_run
+from sglang_phasetrace.tracing.recorder import collectives, gpu, heartbeat, spans
 
 
 def test_heartbeat_says_where_the_process_is(trace_run_dir: Path) -> None:

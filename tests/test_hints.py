@@ -12,11 +12,12 @@ import json
 from pathlib import Path
 
 import pytest
-from sglang_phasetrace.tracing import hints, records
-from sglang_phasetrace.tracing.cli.findings import alarms, findings
-from sglang_phasetrace.tracing.diagnose import Finding, Thresholds
-from sglang_phasetrace.tracing.rundir import RunView
-from sglang_phasetrace.tracing.watchdog import Watchdog
+from sglang_phasetrace.tracing.journal import records
+from sglang_phasetrace.tracing.reader.run import RunView
+from sglang_phasetrace.tracing.verdicts import hints
+from sglang_phasetrace.tracing.verdicts.diagnose import Finding, Thresholds
+from sglang_phasetrace.tracing.verdicts.findings import alarms, findings
+from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog
 
 S = 1_000_000_000
 NOW = 1_900_000_000 * S

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, hook_env, kill_group, requires_sglang, run_dirs
 from sglang_phasetrace.patches import PatchEngine, Phase
-from sglang_phasetrace.tracing import heartbeat, runtime
-from sglang_phasetrace.tracing.rundir import load_run
+from sglang_phasetrace.tracing.reader.load import load_run
+from sglang_phasetrace.tracing.recorder import heartbeat, runtime
 
 PROGRAM = ROOT / "tests" / "programs" / "serve_engine.py"
 HEARTBEAT_S = 0.5

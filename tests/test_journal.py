@@ -12,9 +12,12 @@ import sys
 import textwrap
 from pathlib import Path
 
-from sglang_phasetrace.tracing import journal
-from sglang_phasetrace.tracing.journal import JournalTail, JournalWriter, dumps, read_journal
-from sglang_phasetrace.tracing.rundir import RunView, load_run
+from conftest import read_journal
+from sglang_phasetrace.tracing.journal import reader as journal
+from sglang_phasetrace.tracing.journal.reader import JournalTail
+from sglang_phasetrace.tracing.journal.writer import JournalWriter, dumps
+from sglang_phasetrace.tracing.reader.load import load_run
+from sglang_phasetrace.tracing.reader.run import RunView
 
 
 def rec(kind: str, t: int, **fields) -> dict:
@@ -173,7 +176,7 @@ def test_journal_of_a_process_killed_mid_phase(tmp_path):
     there, the phase it was in shows as begun and never ended."""
     program = textwrap.dedent("""
         import os, signal
-        from sglang_phasetrace.tracing import spans
+        from sglang_phasetrace.tracing.recorder import spans
         outer = spans.start_phase("rank tp0", {"sglang.phase": "rank"}, root=True)
         done = spans.start_phase("model.load_weights", {"sglang.phase": "model.load_weights"})
         done.end()
@@ -198,7 +201,7 @@ def test_journal_of_a_process_killed_mid_phase(tmp_path):
 def test_exit_records_land_on_the_process_they_name(tmp_path):
     """A watcher's ``exit`` record (how a process ended) lands on the process it is about; an idle
     helper process (no phases, role ``process``) is not listed."""
-    from sglang_phasetrace.tracing import records
+    from sglang_phasetrace.tracing.journal import records
 
     run = tmp_path / "run"
     launcher = run / "journal" / "h-1.jsonl"

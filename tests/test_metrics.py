@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 from conftest import free_port, hook_env, requires_sglang
-from sglang_phasetrace.tracing import heartbeat, metrics, process_state, spans
-from sglang_phasetrace.tracing.diagnose import Finding, Thresholds
-from sglang_phasetrace.tracing.watchdog import Watchdog
+from sglang_phasetrace.tracing import process_state
+from sglang_phasetrace.tracing.recorder import heartbeat, metrics, spans
+from sglang_phasetrace.tracing.verdicts.diagnose import Finding, Thresholds
+from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog
 from test_cli_exports import Rotel, rotel_agent
 from test_heartbeat import stand_in_nvml  # noqa: F401  (a fixture)
 
@@ -164,7 +165,7 @@ def test_names_and_units_follow_the_otel_rules(trace_run_dir: Path) -> None:
     """Every instrument, from a beat with every figure: lowercase dotted names; UCUM units; a name outside
     ``sglang.phasetrace.*`` is a semantic convention's, with its instrument and unit."""
     from opentelemetry.semconv._incubating.metrics import hw_metrics, process_metrics
-    from sglang_phasetrace.tracing import records
+    from sglang_phasetrace.tracing.journal import records
 
     phases = [{"phase": "graph.capture", "since_s": 1.0, "progress": {"done": 1, "total": 4, "unit": "shapes"}}]
     gpu = {"index": 0, "util": 50, "mem_used": 1, "mem_total": 2, "power_w": 300.0}
@@ -194,7 +195,7 @@ def test_names_and_units_follow_the_otel_rules(trace_run_dir: Path) -> None:
 
 OFF_PROGRAM = textwrap.dedent("""
     import sys, threading
-    from sglang_phasetrace.tracing import heartbeat, spans
+    from sglang_phasetrace.tracing.recorder import heartbeat, spans
     spans.start_phase("rank.bootstrap", {"sglang.phase": "rank.bootstrap"})
     heartbeat.current().beat()
     names = {t.name for t in threading.enumerate()}

@@ -24,11 +24,15 @@ from pathlib import Path
 import pytest
 from conftest import HOOKS, ROOT, free_port, hook_env, kill_group, requires_sglang
 from otlp_receiver import OtlpReceiver
-from sglang_phasetrace.tracing import crossnode, keys, records, relay
-from sglang_phasetrace.tracing.diagnose import Thresholds, analyze
-from sglang_phasetrace.tracing.rundir import RunView, load_run
-from sglang_phasetrace.tracing.snapshot import Snapshot
-from sglang_phasetrace.tracing.watchdog import Watchdog
+from sglang_phasetrace.tracing import keys
+from sglang_phasetrace.tracing.journal import records
+from sglang_phasetrace.tracing.reader.load import load_run
+from sglang_phasetrace.tracing.reader.run import RunView
+from sglang_phasetrace.tracing.recorder import launch
+from sglang_phasetrace.tracing.verdicts import crossnode, relay
+from sglang_phasetrace.tracing.verdicts.diagnose import Thresholds, analyze
+from sglang_phasetrace.tracing.verdicts.node_snapshot import Snapshot
+from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog
 from test_relay import MALFORMED, MASTER, spawn, stop, up
 
 PLANTS = ROOT / "tests" / "plants"
@@ -39,19 +43,19 @@ S = 1_000_000_000
 
 
 def test_the_environment_names_a_launch_in_this_order() -> None:
-    assert crossnode.launch_from_env({}) is None
+    assert launch.launch_from_env({}) is None
     slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "3", "SLURM_RESTART_COUNT": "1"}
-    assert crossnode.launch_from_env(slurm) == ("4242.3.1", "SLURM_JOB_ID")
-    assert crossnode.launch_from_env({"SLURM_JOB_ID": "4242"}) == ("4242.-.-", "SLURM_JOB_ID")
-    assert crossnode.launch_from_env({"TORCHELASTIC_RUN_ID": "r7"}) == ("r7.-", "TORCHELASTIC_RUN_ID")
+    assert launch.launch_from_env(slurm) == ("4242.3.1", "SLURM_JOB_ID")
+    assert launch.launch_from_env({"SLURM_JOB_ID": "4242"}) == ("4242.-.-", "SLURM_JOB_ID")
+    assert launch.launch_from_env({"TORCHELASTIC_RUN_ID": "r7"}) == ("r7.-", "TORCHELASTIC_RUN_ID")
     both = {**slurm, keys.ENV_LAUNCH_ID: "rollout-12"}
-    assert crossnode.launch_from_env(both) == ("rollout-12", keys.ENV_LAUNCH_ID)
+    assert launch.launch_from_env(both) == ("rollout-12", keys.ENV_LAUNCH_ID)
 
 
 def test_one_launch_one_trace_id_on_every_node_and_another_for_the_next() -> None:
-    a = crossnode.trace_id_of("4242.3.0")
-    assert a == crossnode.trace_id_of("4242.3.0") and 0 < a < 1 << 128
-    assert crossnode.trace_id_of("4242.3.1") != a  # the job restarted: a new launch
+    a = launch.trace_id_of("4242.3.0")
+    assert a == launch.trace_id_of("4242.3.0") and 0 < a < 1 << 128
+    assert launch.trace_id_of("4242.3.1") != a  # the job restarted: a new launch
 
 
 # -- snapshots: another node's ranks in this node's view --------------------------------------------
@@ -499,7 +503,7 @@ def test_one_shared_run_directory_named_by_the_launch(two_nodes) -> None:
     assert run.name == "launch-rollout-7"
     view = load_run(run)
     assert {p.label for p in view.processes} >= {"launcher", "launcher-node1", "tp0", "tp1"}
-    trace = format(crossnode.trace_id_of("rollout-7"), "032x")
+    trace = format(launch.trace_id_of("rollout-7"), "032x")
     assert {s.trace_id for p in view.processes for s in p.spans.values()} == {trace}
     line = next(x for x in nodes.log(0).splitlines() if "sglang-phasetrace: STALL rank tp1" in x)
     assert "on node-1)" in line and "'attention.init'" in line, line

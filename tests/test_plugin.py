@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HOOKS, ROOT, SCRIPTS, hook_env, kill_group, requires_sglang
-from sglang_phasetrace.tracing.rundir import load_run
+from sglang_phasetrace.tracing.reader.load import load_run
 
 pytestmark = [requires_sglang, pytest.mark.sglang]
 PLANTS = ROOT / "tests" / "plants"

@@ -18,8 +18,8 @@ import pytest
 from cli_fixtures import build_run
 from conftest import ROOT, free_port, hook_env, kill_group, requires_sglang
 from sglang_phasetrace.tracing.cli import main
-from sglang_phasetrace.tracing.preflight import NotLaunchServer, estimate, rewrite
-from sglang_phasetrace.tracing.rundir import load_run
+from sglang_phasetrace.tracing.cli.preflight_plan import NotLaunchServer, estimate, rewrite
+from sglang_phasetrace.tracing.reader.load import load_run
 
 LAUNCH = ["python", "-m", "sglang.launch_server", "--model-path", "/m", "--tp", "8"]
 

@@ -25,11 +25,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sglang_phasetrace.tracing import crossnode, keys, process_state, procs, records
+from sglang_phasetrace.tracing import keys, process_state, procs
 from sglang_phasetrace.tracing.cli import main
-from sglang_phasetrace.tracing.diagnose import Thresholds
-from sglang_phasetrace.tracing.rundir import RunView
-from sglang_phasetrace.tracing.watchdog import Watchdog
+from sglang_phasetrace.tracing.journal import records
+from sglang_phasetrace.tracing.reader.run import RunView
+from sglang_phasetrace.tracing.verdicts import crossnode
+from sglang_phasetrace.tracing.verdicts.diagnose import Thresholds
+from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog
 
 S = 1_000_000_000
 TH = Thresholds(heartbeat_s=1.0, silent_s=10, stall_s=600, no_progress_s=600)
@@ -342,14 +344,14 @@ def test_a_link_at_stacks_is_not_written_through_and_said_once(
 FORKED = textwrap.dedent(
     """
     import os, signal, sys, time
-    from sglang_phasetrace.tracing import runtime, process_state
-    runtime.current().start()
+    from sglang_phasetrace.tracing.recorder import start
+    start.start()
     traced = sys.argv[1] == "traced"
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         if traced:
-            runtime.current().start()  # a child that traces: its own journal, its own dump file
+            start.start()  # a child that traces: its own journal, its own dump file
         os.write(w, b"x")
         time.sleep(30)
         os._exit(0)

@@ -13,11 +13,11 @@ import sys
 import textwrap
 
 import pytest
+from conftest import read_journal
 from sglang_phasetrace.patches._attrs import server_args_attrs, server_args_json
-from sglang_phasetrace.tracing import runtime
-from sglang_phasetrace.tracing.journal import read_journal
+from sglang_phasetrace.tracing.recorder import runtime
+from sglang_phasetrace.tracing.recorder.spans import clean_attrs
 from sglang_phasetrace.tracing.redact import MAX_DEPTH, MAX_TEXT, REDACTED, TOO_DEEP, is_secret_key, redact, redact_text
-from sglang_phasetrace.tracing.spans import clean_attrs
 
 SECRET = "s3cr3t-VALUE-42"
 

@@ -19,9 +19,11 @@ from pathlib import Path
 import msgspec
 import pytest
 from conftest import free_port, kill_group
-from sglang_phasetrace.tracing import crossnode, records
-from sglang_phasetrace.tracing.relay import DECODE_LIMIT, LAUNCH_KEY, PREFIX, Relay, decode, encode, parse_addr
-from sglang_phasetrace.tracing.snapshot import Launch, Record, Snapshot
+from sglang_phasetrace.tracing.journal import schema
+from sglang_phasetrace.tracing.recorder import launch
+from sglang_phasetrace.tracing.verdicts import crossnode
+from sglang_phasetrace.tracing.verdicts.node_snapshot import Launch, Record, Snapshot
+from sglang_phasetrace.tracing.verdicts.relay import DECODE_LIMIT, LAUNCH_KEY, PREFIX, Relay, decode, encode, parse_addr
 from test_bad_records import BAD, VALID, broken, line
 
 pytestmark = pytest.mark.timeout(120)
@@ -183,10 +185,10 @@ def test_a_malformed_launch_identity_is_said_once_and_every_node_keeps_its_own(
 def test_launch_json_is_used_only_when_it_holds_two_trace_ids(tmp_path: Path) -> None:
     good = {"trace": "a" * 32, "local_trace": "b" * 32}
     (tmp_path / crossnode.LAUNCH_FILE).write_text(json.dumps(good))
-    assert crossnode.mapping_of(tmp_path) == good
+    assert launch.mapping_of(tmp_path) == good
     for bad in ({"trace": "zz", "local_trace": "b" * 32}, {"trace": "a" * 32}, [1], {"trace": 5, "local_trace": 6}):
         (tmp_path / crossnode.LAUNCH_FILE).write_text(json.dumps(bad))
-        assert crossnode.mapping_of(tmp_path) is None, bad
+        assert launch.mapping_of(tmp_path) is None, bad
 
 
 def test_publish_and_read_among_three_nodes(master: tuple[int, subprocess.Popen[str]]) -> None:
@@ -317,7 +319,7 @@ SENT = {cls.__struct_config__.tag: cls for cls in typing.get_args(Record)}  # th
 
 @pytest.mark.parametrize("kind", sorted(SENT))
 def test_the_snapshot_schema_hands_on_no_record_the_journal_refuses(kind: str) -> None:
-    """On the journal's corpus of bad records: what the schema takes passes ``records.validate``
+    """On the journal's corpus of bad records: what the schema takes passes ``schema.validate``
     (readers rely on it), and a breakage in a field the schema keeps is refused."""
 
     def taken(record: dict) -> dict | None:
@@ -326,11 +328,11 @@ def test_the_snapshot_schema_hands_on_no_record_the_journal_refuses(kind: str) -
         except (msgspec.DecodeError, RecursionError):
             return None
 
-    assert records.validate(taken(VALID[kind])) is None
+    assert schema.validate(taken(VALID[kind])) is None
     kept = {"kind", "t", *(f.encode_name for f in msgspec.structs.fields(SENT[kind]))}
     for bad, (name, _) in zip(broken(kind), BAD[kind], strict=True):
         got = taken(bad)
-        assert got is None or records.validate(got) is None, (kind, name, got)
+        assert got is None or schema.validate(got) is None, (kind, name, got)
         assert got is None or name not in kept, (kind, name, got)
 
 

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 from sglang_phasetrace.patches import MODEL_PHASES, PHASES
-from sglang_phasetrace.tracing import collectives, heartbeat, keys, records, runtime, spans
-from sglang_phasetrace.tracing.diagnose import Finding
-from sglang_phasetrace.tracing.watchdog import Watchdog
+from sglang_phasetrace.tracing import keys
+from sglang_phasetrace.tracing.journal import schema
+from sglang_phasetrace.tracing.recorder import collectives, heartbeat, runtime, spans
+from sglang_phasetrace.tracing.verdicts.diagnose import Finding
+from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog
 
 ROOT_KINDS, READY_KINDS = {"rank", "launch"}, {"ready"}
 
@@ -27,12 +29,12 @@ def test_every_root_and_ready_phase_is_named_in_keys() -> None:
 
 
 def _fields(kind: str) -> frozenset[str]:
-    return records.FIELDS[kind]  # what readers keep (``records.trim``)
+    return schema.FIELDS[kind]  # what readers keep (``schema.trim``)
 
 
 def test_every_record_the_writers_write_is_in_the_schema(trace_run_dir: Path) -> None:
     """Records from the real writers (runtime, spans, collectives, heartbeat, watchdog): each one
-    valid, each field one ``records.SCHEMA`` lists (a field a writer adds must be added there)."""
+    valid, each field one ``schema.SCHEMA`` lists (a field a writer adds must be added there)."""
     root = spans.start_phase("rank tp0", {keys.PHASE: keys.PHASE_RANK}, root=True)
     rt = runtime.current()
     rt.set_identity(role="rank", tp=0)
@@ -53,7 +55,7 @@ def test_every_record_the_writers_write_is_in_the_schema(trace_run_dir: Path) ->
     lines = [json.loads(line) for path in (trace_run_dir / "journal").glob("*.jsonl") for line in path.open()]
     status = json.loads(beat.status_path.read_text())
     for record in [*lines, status, *written]:
-        assert records.validate(record) is None, record
+        assert schema.validate(record) is None, record
         assert set(record) <= _fields(record["kind"]), (record["kind"], set(record) - _fields(record["kind"]))
     kinds = {r["kind"] for r in [*lines, *written]}
     assert kinds >= {"process", "identity", "begin", "event", "end", "collective", "heartbeat", "warning", "diagnosis"}
@@ -72,5 +74,5 @@ def test_a_real_start_writes_only_schema_records(engine_run) -> None:
     lines += [json.loads(path.read_text()) for path in (engine_run.run_dir / "status").glob("*.json")]
     assert len({r["kind"] for r in lines}) >= 6
     for record in lines:
-        assert records.validate(record) is None, record
+        assert schema.validate(record) is None, record
         assert set(record) <= _fields(record["kind"]), (record["kind"], set(record) - _fields(record["kind"]))

@@ -20,8 +20,8 @@ from typing import NamedTuple
 import pytest
 from conftest import ROOT, free_port, requires_sglang, run_program
 from otlp_receiver import OtlpReceiver
+from sglang_phasetrace.tracing.recorder.spans import exception_attrs
 from sglang_phasetrace.tracing.redact import REDACTED, redact, redact_text
-from sglang_phasetrace.tracing.spans import exception_attrs
 
 PROGRAM = ROOT / "tests" / "programs" / "secret_ranks.py"
 

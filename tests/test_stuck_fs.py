@@ -27,17 +27,17 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import kill_group
+from conftest import kill_group, read_journal
 from sglang_phasetrace.tracing import files
-from sglang_phasetrace.tracing.journal import JournalWriter, read_journal
+from sglang_phasetrace.tracing.journal.writer import JournalWriter
 
 BOUND_S = 0.5  # SGLANG_PHASETRACE_WRITE_WAIT_S for the programs here
 SLACK_S = 2.0  # a loaded 2-core machine: scheduling, interpreter exit
 
 PRELUDE = """
 import json, os, sys, time
-from sglang_phasetrace.tracing import runtime, spans
-from sglang_phasetrace.tracing.journal import JournalWriter
+from sglang_phasetrace.tracing.recorder import runtime, spans
+from sglang_phasetrace.tracing.journal.writer import JournalWriter
 
 JournalWriter.HELD = 8  # a short queue: what comes beyond it is dropped, and counted
 
@@ -245,7 +245,7 @@ def test_a_forked_child_writes_on_its_own_not_behind_its_parents_writer_thread(t
 
 @pytest.mark.parametrize("bad", ["", "0", "-1", "nan", "inf", "soon"])
 def test_a_bad_write_bound_is_the_default(bad: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sglang_phasetrace.tracing import journal
+    from sglang_phasetrace.tracing.journal import writer as journal
 
     monkeypatch.setenv("SGLANG_PHASETRACE_WRITE_WAIT_S", bad)
     assert journal.write_wait_s() == journal.WRITE_WAIT_S

@@ -21,17 +21,17 @@ from pathlib import Path
 
 import pytest
 from cli_fixtures import HOST, build_run
-from sglang_phasetrace.tracing import runtime
 from sglang_phasetrace.tracing.cli import main
-from sglang_phasetrace.tracing.cli.findings import by_process, findings
-from sglang_phasetrace.tracing.diagnose import Thresholds
+from sglang_phasetrace.tracing.reader.load import load_run
+from sglang_phasetrace.tracing.recorder import runtime
 from sglang_phasetrace.tracing.redact import REDACTED, printable
 from sglang_phasetrace.tracing.render.html_report import MAX_STACK, script_json
 from sglang_phasetrace.tracing.render.lanes import layout
 from sglang_phasetrace.tracing.render.run_text import status_line, summary
 from sglang_phasetrace.tracing.render.term import clean
-from sglang_phasetrace.tracing.rundir import load_run
-from sglang_phasetrace.tracing.watchdog import Watchdog
+from sglang_phasetrace.tracing.verdicts.diagnose import Thresholds
+from sglang_phasetrace.tracing.verdicts.findings import by_process, findings
+from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog
 
 OSC52 = "\x1b]52;c;cm0gLXJmIH4K\x07"
 EVIL_PHASE = f"evil{OSC52}<!--</script><script>alert(1)</script>\x1b[2J\x9b31m[red]markup[/red]"

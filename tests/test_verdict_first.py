@@ -22,13 +22,13 @@ import pytest
 from cli_fixtures import FAIL_MESSAGE, HOST, STALL_PHASE, build_run
 from conftest import CPU_ENV, dist_ranks, kill_group, requires_sglang
 from opentelemetry.trace import StatusCode
-from sglang_phasetrace.tracing import records
 from sglang_phasetrace.tracing.cli import main
-from sglang_phasetrace.tracing.cli.findings import by_process, findings
+from sglang_phasetrace.tracing.journal import records
+from sglang_phasetrace.tracing.reader.load import load_run
 from sglang_phasetrace.tracing.render.lanes import layout
 from sglang_phasetrace.tracing.render.otlp_spans import to_sdk_spans
 from sglang_phasetrace.tracing.render.run_text import status_line
-from sglang_phasetrace.tracing.rundir import load_run
+from sglang_phasetrace.tracing.verdicts.findings import by_process, findings
 
 S = 1_000_000_000
 VERDICT = f"STALL tp1 has been in {STALL_PHASE} for 85 s while 2 peers wait in dist.group_coordinator"

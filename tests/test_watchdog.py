@@ -20,9 +20,9 @@ from conftest import ROOT, dist_ranks, hook_env, requires_sglang
 from otlp_receiver import OtlpReceiver
 from sglang_phasetrace.tracing.cli import main as cli_main
 from sglang_phasetrace.tracing.cli.command import EXIT_STALLED
-from sglang_phasetrace.tracing.diagnose import Thresholds
-from sglang_phasetrace.tracing.rundir import load_run
-from sglang_phasetrace.tracing.watchdog import Watchdog
+from sglang_phasetrace.tracing.reader.load import load_run
+from sglang_phasetrace.tracing.verdicts.diagnose import Thresholds
+from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog
 
 pytestmark = [requires_sglang, pytest.mark.sglang]
 HB = 1.0

@@ -14,7 +14,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from . import keys, runtime
+from . import keys
+from .recorder import runtime, start
 
 log = logging.getLogger("sglang_phasetrace")
 
@@ -61,7 +62,7 @@ def _start_early(rt: runtime.Runtime, wait_s: float = 300.0) -> None:
     arguments say which rank this is (``tp1``), and tracing starts with that identity in its
     resource, long before ``Scheduler.__init__``. Other processes (detokenizer, …) are not ranks:
     they start tracing at their first phase, as before."""
-    from . import spawned
+    from .recorder import handover
 
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and not rt.started:
@@ -70,11 +71,11 @@ def _start_early(rt: runtime.Runtime, wait_s: float = 300.0) -> None:
         if target is None:
             time.sleep(0.05)
             continue
-        ranks = spawned.ranks_of(target, getattr(proc, "_args", ()), getattr(proc, "_kwargs", {}))
+        ranks = handover.ranks_of(target, getattr(proc, "_args", ()), getattr(proc, "_kwargs", {}))
         if ranks is not None:
             rt.set_identity(role="rank", **ranks)
             try:
-                rt.start()
+                start.start()
             except Exception as exc:  # TracingOff is said once by the runtime; never fails SGLang
                 if not isinstance(exc, runtime.TracingOff):
                     log.warning("sglang-phasetrace: tracing not started before the first phase: %r", exc)

@@ -1,6 +1,8 @@
 """Attribute keys, the phase names readers test, and the environment variables we read: one place,
 so a name a writer (``patches/``, the runtime) sets is the very name every reader looks for."""
 
+import os
+
 # Identity (stamped on every span, and resource attributes where known at provider creation).
 TP_RANK = "sglang.tp_rank"
 PP_RANK = "sglang.pp_rank"
@@ -55,6 +57,17 @@ ENV_BASE_DIR = "SGLANG_PHASETRACE_DIR"
 ENV_RUN_DIR = "SGLANG_PHASETRACE_RUN_DIR"
 ENV_DISABLE_PATCHES = "SGLANG_PHASETRACE_SKIP"  # comma list of phase names not to patch
 ENV_SECONDS = "SGLANG_PHASETRACE_{}_S"  # HEARTBEAT, SILENT, STALL, NO_PROGRESS
+HEARTBEAT_S = 2.0  # the heartbeat interval's default
+
+
+def env_seconds(name: str, default: float) -> float:
+    """``SGLANG_PHASETRACE_<NAME>_S`` as seconds; ``default`` when unset or not a number."""
+    try:
+        return float(os.environ.get(ENV_SECONDS.format(name), default))
+    except ValueError:
+        return default
+
+
 ENV_STACK_SIGNAL = "SGLANG_PHASETRACE_STACK_SIGNAL"
 ENV_WATCHDOG = "SGLANG_PHASETRACE_WATCHDOG"  # "0": no watchdog thread in the launcher
 ENV_ABORT_AFTER = "SGLANG_PHASETRACE_ABORT_AFTER_S"  # opt-in: SIGTERM the launcher after a stall this long

@@ -33,8 +33,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from . import collectives, crossnode, exporters, keys, process_state, runtime, spans, watchdog
-from .identity import ranks_from_attrs
+from . import keys, process_state
+from .recorder import collectives, launch, otlp, runtime, spans
+from .recorder.identity import ranks_from_attrs
 
 log = logging.getLogger("sglang_phasetrace")
 
@@ -101,8 +102,11 @@ def enter(phase: PhaseSpec, call: CallInfo) -> Handle | None:
             return None
         report = _run(phase, "enter", phase.enter, call)
         attrs: dict[str, Any] = {keys.PHASE: phase.name, keys.TARGET: call.target, **report.attrs}
-        if report.teardown and (alive := watchdog.launcher_last_words()):
-            attrs[keys.ALIVE_AT_TEARDOWN] = alive  # these ranks end in the teardown, not before it
+        if report.teardown and process_state.STATE.launcher_watchdog is not None:
+            from .verdicts import watchdog
+
+            if alive := watchdog.launcher_last_words():
+                attrs[keys.ALIVE_AT_TEARDOWN] = alive  # these ranks end in the teardown, not before it
         if rt.ready:
             attrs[keys.AFTER_READY] = True
         span = _start(rt, phase, attrs)
@@ -174,7 +178,7 @@ class Handle:
             return  # launch_server: the root ends at ready (or as incomplete at exit)
         self.span.end(exc)
         if exc is not None and owns_root:  # the process failed: it is about to be torn down
-            exporters.flush(rt.provider, 2.0)
+            otlp.flush(rt.provider, 2.0)
         if exc is None and (owns_root or (kind == "ready" and report.ready)):
             _ready(rt)
         elif kind == "ready" and rt.root is not None:
@@ -239,9 +243,9 @@ def _start(rt: runtime.Runtime, phase: PhaseSpec, attrs: dict[str, Any]) -> span
 def _launch_root(rt: runtime.Runtime, attrs: dict[str, Any], attach: bool) -> spans.PhaseSpan | None:
     """The launcher's root ``sglang.launch``, its ranks' parent (TRACEPARENT), and its watchdog;
     for a node of a multi-node launch, the launch's identity first and the cross-node view after."""
-    node = crossnode.begin(attrs)  # a multi-node launch: which node, and the launch's trace id if known
+    node = launch.begin(attrs)  # a multi-node launch: which node, and the launch's trace id if known
     if node is not None and node.launch_id is not None:
-        rt.ids.trace_id = crossnode.trace_id_of(node.launch_id)
+        rt.ids.trace_id = launch.trace_id_of(node.launch_id)
         if not rt.started and os.environ.get(keys.ENV_RUN_DIR) == rt.planned_run_dir:
             os.environ[keys.ENV_RUN_DIR] = str(runtime.new_run_dir())  # named by the launch: one for all nodes
     rt.set_identity(role="launcher", **ranks_from_attrs(attrs))
@@ -249,6 +253,8 @@ def _launch_root(rt: runtime.Runtime, attrs: dict[str, Any], attach: bool) -> sp
     if root is None:
         return None
     spans.export_traceparent(root.span)
+    from .verdicts import watchdog
+
     dog = watchdog.start_in_launcher(rt)
     if node is not None and dog is not None:
         try:
@@ -272,13 +278,15 @@ def start_launch_root(phase: str, ends_when_ranks_ready: bool, attrs: dict[str, 
         dog.when_ranks_ready = lambda: _ready(rt)
 
 
-def _join_nodes(rt: runtime.Runtime, dog: watchdog.Watchdog, node: crossnode.Node, attrs: dict[str, Any]) -> None:
+def _join_nodes(rt: runtime.Runtime, dog: Any, node: launch.Node, attrs: dict[str, Any]) -> None:
     """A node of a multi-node launch: the cross-node channel, and for node ≥ 1 (whose launcher
     never returns: it waits for node 0's shutdown) ready when this node's ranks are."""
     root = rt.root
     trace = runtime.hexid(root.get_span_context().trace_id, 32) if root is not None else None
     if trace is None or rt.run_dir is None:
         return
+    from .verdicts import crossnode
+
     th = dog.thresholds
     cross = crossnode.CrossNode(node, rt.run_dir, trace, min(th.heartbeat_s, 5.0), th.silent_s + th.heartbeat_s)
     cross.start(rt.write)

@@ -8,9 +8,10 @@ Tests start from a fresh process state the same way (``tests/conftest.py``: ``tr
 
 What is not here survives a fork on purpose: the patches applied to modules (the child runs the
 same code), and memo caches of pure functions. One thing outside Python survives a fork and is
-undone in the child: faulthandler's registration of the stack-dump signal (``tracing.stacks``),
+undone in the child: faulthandler's registration of the stack-dump signal (``recorder.stackdump``),
 which would dump the child's stacks into its parent's file; a child that traces arms its own.
-Stdlib only, so any tracing module may import it.
+Stdlib only, and it imports nothing of ours: any module may import it. Each part's type is
+the owning module's (named in its comment), not imported here.
 """
 
 from __future__ import annotations
@@ -23,19 +24,11 @@ import threading
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
-
-if TYPE_CHECKING:
-    from .collectives import Collectives
-    from .exporters import Collector
-    from .heartbeat import Heartbeat
-    from .metrics import Metrics
-    from .runtime import Runtime
-    from .watchdog import Watchdog
+from typing import Any, NamedTuple
 
 
 class StackDump(NamedTuple):
-    """The stack-dump signal faulthandler is registered for in this process (``tracing.stacks.arm``),
+    """The stack-dump signal faulthandler is registered for in this process (``recorder.stackdump.arm``),
     the file descriptor it writes to, and the Python-level handler of the signal when it was armed."""
 
     signal: int
@@ -48,14 +41,14 @@ class ProcessState:
     """This process's tracing state; each part is made on first use by the module that owns it."""
 
     boot_ns: int | None = None  # when the process started (a forked child: when it was forked); None: at boot
-    runtime: Runtime | None = None  # tracing.runtime.current(): run directory, journal, provider, open phases
-    heartbeat: Heartbeat | None = None  # tracing.heartbeat.start(): the beating thread's state
-    collectives: Collectives | None = None  # tracing.collectives: the collective each thread is in, counts
-    collector: Collector | None = None  # tracing.exporters: is the OTLP collector answering
-    metrics: Metrics | bool | None = None  # tracing.metrics: heartbeats as OTLP metrics (False: not here)
-    launcher_watchdog: Watchdog | None = None  # tracing.watchdog.start_in_launcher()
-    exit_hook: bool = False  # tracing.lifecycle: the atexit flush is registered in this process
-    stack_dump: StackDump | None = None  # tracing.stacks.arm: faulthandler's registration here
+    runtime: Any = None  # recorder.runtime.current(): run directory, journal, provider, open phases
+    heartbeat: Any = None  # recorder.heartbeat.start(): the beating thread's state
+    collectives: Any = None  # recorder.collectives: the collective each thread is in, counts
+    collector: Any = None  # recorder.exporters: is the OTLP collector answering
+    metrics: Any = None  # recorder.metrics: heartbeats as OTLP metrics (False: not here)
+    launcher_watchdog: Any = None  # verdicts.watchdog.start_in_launcher() (a launcher only)
+    exit_hook: bool = False  # recorder.lifecycle: the atexit flush is registered in this process
+    stack_dump: StackDump | None = None  # recorder.stackdump.arm: faulthandler's registration here
     said: set[Hashable] = field(default_factory=set)  # what a one-warning-per-process problem already said
     local: threading.local = field(default_factory=threading.local)  # per thread: phases in flight, nesting
     lock: threading.Lock = field(default_factory=threading.Lock)  # first-use creation of a part

@@ -106,3 +106,25 @@ if os.environ.get("PLANT_STALL_PHASE_TP_RANK"):
             return result
 
         module.ModelRunner.init_attention_backends = init_attention_backends
+
+
+if os.environ.get("PLANT_MODULES_OUT"):
+    import functools
+    import sys
+
+    import wrapt
+
+    @wrapt.when_imported("sglang.srt.managers.scheduler")
+    def _plant_modules(module):
+        """Each rank writes the modules it has imported, one per line, to
+        ``$PLANT_MODULES_OUT/<pid>.txt`` once its ``Scheduler.__init__`` returned (rank ready)."""
+        original = module.Scheduler.__init__
+
+        @functools.wraps(original)
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            path = os.path.join(os.environ["PLANT_MODULES_OUT"], f"{os.getpid()}.txt")
+            with open(path, "w") as f:
+                f.write("\n".join(sorted(sys.modules)))
+
+        module.Scheduler.__init__ = __init__

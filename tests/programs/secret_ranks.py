@@ -30,11 +30,18 @@ def _texts() -> list[str]:
 def _dump_own_stacks(reason: str) -> None:
     """The rank asks for its own stack dump (the header carries ``reason``); best effort."""
     try:
-        from sglang_phasetrace.tracing import runtime, stacks
+        from sglang_phasetrace.tracing import procs
+        from sglang_phasetrace.tracing.recorder import runtime
+        from sglang_phasetrace.tracing.verdicts import stack_requests
 
         rt = runtime.current()
         if rt.journal is not None:
-            stacks.request(os.getpid(), stacks.dump_path(rt.run_dir, rt.journal.path.stem), reason, wait_s=1.0)
+            pid = os.getpid()
+            me = procs.pin(pid, procs.this_host(), procs.start_ticks(pid), procs.boot_id(), rt.journal.path)
+            if me is None:
+                raise RuntimeError("this rank is not proven ours by its own journal")
+            with me:
+                stack_requests.request(me, rt.run_dir, rt.journal.path.stem, reason, wait_s=1.0)
     except Exception as exc:  # the dump is a bonus; the failure below is the test
         print(f"no stack dump: {exc!r}", flush=True)
 

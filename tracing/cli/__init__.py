@@ -32,6 +32,7 @@ VERBS = {
     "timeline": ("timeline", "Timeline"),
     "compare": ("compare", "Compare"),
     "report": ("report", "Report"),
+    "history": ("history", "HistoryCommand"),
     "export": ("export", "Export"),
     "bundle": ("bundle", "BundleCommand"),
     "doctor": ("doctor", "Doctor"),

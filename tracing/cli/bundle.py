@@ -29,8 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import hints, postmortem
-from ..journal import JournalTail, _loads, dumps, read_regular
+from ..journal.layout import JOURNAL_DIR, STACKS_DIR, STATUS_DIR
+from ..journal.reader import JournalTail, _loads, read_regular
+from ..journal.writer import dumps
+from ..reader.run import RunView
 from ..redact import REDACTED, is_secret_key, redact, redact_text
 from ..render.html_report import render_report
 from ..render.lanes import Lane, Layout, layout
@@ -38,9 +40,9 @@ from ..render.term import clean
 from ..render.timeline_text import render_timeline
 from ..render.units import duration, size
 from ..render.verdict import headline, line, rank_lanes, state
-from ..rundir import JOURNAL_DIR, STACKS_DIR, STATUS_DIR, RunView
+from ..verdicts import hints, postmortem
+from ..verdicts.findings import by_process, findings, gone_ranks
 from .command import CommandError, open_run, write_file
-from .findings import by_process, findings, gone_ranks
 
 TOP = "phasetrace-bundle"
 MAX_STACK = 1 << 20  # bytes of one stack file kept (its end: the latest dumps)

@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING, Protocol
 from rich.console import Console
 from rich.text import Text
 
+from ..journal.layout import JOURNAL_DIR
+from ..reader.load import load_run
+from ..reader.run import RunView
 from ..redact import printable
-from ..rundir import JOURNAL_DIR, RunView, load_run
 
 if TYPE_CHECKING:
     from ..render.lanes import Held

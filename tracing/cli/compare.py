@@ -26,7 +26,8 @@ Phases that never ended count up to the end of the run and are marked (open).
 
   phasetrace compare RUN_DIR
   phasetrace compare runs/eagle-steps2 runs/eagle-steps3 --json > delta.json
-  phasetrace compare n0/A,n1/A n0/B,n1/B     # multi-node runs: each side's directories, comma-joined"""
+  phasetrace compare n0/A,n1/A n0/B,n1/B     # multi-node runs: each side's directories, comma-joined
+  phasetrace compare RUN_DIR --baseline      # against earlier starts of the same launch (phasetrace history)"""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
@@ -38,8 +39,18 @@ Phases that never ended count up to the end of the run and are marked (open).
         )
         parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
         parser.add_argument("--top", type=int, metavar="N", help="show only the first N phases")
+        parser.add_argument(
+            "--baseline",
+            action="store_true",
+            help="one run against the earlier starts of its launch (same fingerprint) in its base "
+            "directory's history: per phase, this run against their median and p95",
+        )
 
     def run(self, args: argparse.Namespace) -> int:
+        if args.baseline:
+            from .history import baseline
+
+            return baseline(args)
         if len(args.runs) > 2:
             raise CommandError(f"takes one run directory (ranks) or two (A B), not {len(args.runs)}", 2)
         lays = [layout(open_run(*run_side(arg), split=True), attrs=False) for arg in args.runs]  # shows no attrs

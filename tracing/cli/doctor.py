@@ -8,8 +8,8 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from ..recorder.runtime import sglang_version
 from ..render.doctor_table import doctor_table
-from ..runtime import sglang_version
 from .command import make_console
 
 

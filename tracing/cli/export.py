@@ -8,15 +8,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from ..diagnose import Finding
 from ..redact import printable
 from ..render.jaeger import jaeger_chunks, to_jaeger
 from ..render.jsonout import dumps
 from ..render.lanes import Layout, layout
 from ..render.otlp_json import to_otlp_json
 from ..render.perfetto import to_perfetto
+from ..verdicts.diagnose import Finding
+from ..verdicts.findings import findings
 from .command import RUN_DIRS_HELP, CommandError, open_run, write_chunks, write_output
-from .findings import findings
 
 FORMATS: dict[str, Callable[..., dict[str, Any]]] = {
     "jaeger": to_jaeger,

@@ -22,16 +22,16 @@ import time
 from pathlib import Path
 
 from .. import procs
-from ..diagnose import Finding
-from ..preflight import NotLaunchServer, estimate, gigabytes, rewrite, span
+from ..reader.run import RunView
 from ..redact import printable
 from ..render.compare_table import ranks_table
 from ..render.lanes import Layout, layout
 from ..render.phase_stats import within_run
 from ..render.run_text import status_line
-from ..rundir import RunView
+from ..verdicts.diagnose import Finding
+from ..verdicts.findings import ENDED, alarms, by_process
 from .command import EXIT_FAILED, EXIT_STALLED, CommandError, make_console
-from .findings import ENDED, alarms, by_process
+from .preflight_plan import NotLaunchServer, estimate, gigabytes, rewrite, span
 from .run import LiveLine, Run
 
 GRACE_S = 30.0  # SIGTERM to SIGKILL

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..diagnose import Finding
 from ..render.html_report import render_report
 from ..render.lanes import Layout, layout
+from ..verdicts.diagnose import Finding
+from ..verdicts.findings import by_process, findings
 from .command import RUN_DIRS_HELP, open_run, write_output
-from .findings import by_process, findings
 
 
 def write_report(lay: Layout, output: str, found: list[Finding] | None = None) -> None:

@@ -21,20 +21,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import files, hints, keys, postmortem, procs, records
-from ..diagnose import Finding
-from ..journal import JournalWriter
+from .. import files, keys, procs
+from ..journal import records
+from ..journal.layout import JOURNAL_DIR
+from ..journal.writer import JournalWriter
+from ..reader.run import RunView
 from ..redact import printable
 from ..render import verdict
 from ..render.lanes import Layout, layout
 from ..render.run_text import status_line, summary
 from ..render.verdict import rank_lanes
-from ..rundir import JOURNAL_DIR, RunView
-from ..watchdog import PREFIX, diagnosis_record
+from ..verdicts import hints, postmortem
+from ..verdicts.diagnose import Finding
+from ..verdicts.findings import ENDED, alarms, by_process, findings, gone_ranks, recorded, running
+from ..verdicts.watchdog import PREFIX, diagnosis_record
 from .command import CommandError, report_problems, where
 from .env import hooks_dir
 from .export import export_file
-from .findings import ENDED, alarms, by_process, findings, gone_ranks, recorded, running
 from .report import write_report
 
 EXPORTS = ("jaeger", "perfetto")
@@ -42,7 +45,7 @@ EXPORTS = ("jaeger", "perfetto")
 
 def new_run_dir(base: str | None) -> Path:
     """A fresh run directory, named as the tracing runtime names them, under ``base`` if given."""
-    from ..runtime import new_run_dir as fresh
+    from ..recorder.runtime import new_run_dir as fresh
 
     path = fresh()
     return (Path(base) / path.name).resolve() if base else path

@@ -13,13 +13,14 @@ import psutil
 from rich.console import Group
 from rich.live import Live
 
-from ..diagnose import Finding, Thresholds
+from ..reader.load import refresh_parallel
+from ..reader.run import RunView
 from ..render.lanes import layout
 from ..render.status_table import StatusRow, status_rows, status_table, verdict_lines
 from ..render.term import text
-from ..rundir import RunView
+from ..verdicts.diagnose import Finding, Thresholds
+from ..verdicts.findings import ENDED, alarms, by_process, findings, gone_ranks
 from .command import EXIT_FAILED, EXIT_STALLED, RUN_DIRS_HELP, check_run_dir, make_console, report_problems
-from .findings import ENDED, alarms, by_process, findings, gone_ranks
 
 
 def exit_code(rows: list[StatusRow], found: list[Finding]) -> int:
@@ -71,7 +72,7 @@ failed, so scripts can poll it:
         args: argparse.Namespace,
         said: set[str],
     ) -> tuple[list[StatusRow], list[Finding], Group]:
-        view.refresh(parallel=True, shallow=0)  # a first read of a large run on two cores; later: what was appended
+        refresh_parallel(view, shallow=0)  # a first read of a large run on two cores; later: what was appended
         now = time.time_ns()
         lay = layout(view, now, depth=0)  # the table shows where each process is, not every phase
         thresholds = Thresholds.from_env()

@@ -10,12 +10,13 @@ import sys
 import time
 from pathlib import Path
 
-from .. import files, records
-from ..diagnose import Thresholds
-from ..journal import JournalWriter
+from .. import files
+from ..journal import records
+from ..journal.layout import JOURNAL_DIR
+from ..journal.writer import JournalWriter
 from ..redact import printable
-from ..rundir import JOURNAL_DIR
-from ..watchdog import Watchdog
+from ..verdicts.diagnose import Thresholds
+from ..verdicts.watchdog import Watchdog
 from .command import EXIT_STALLED, CommandError, check_run_dir, report_problems
 
 

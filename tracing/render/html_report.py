@@ -26,9 +26,9 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-from ..diagnose import Finding
+from ..journal.layout import STACKS_DIR
 from ..redact import redact_text
-from ..rundir import STACKS_DIR
+from ..verdicts.diagnose import Finding
 from .jsonout import dumps
 from .lanes import Bar, Lane, Layout, lanes_map
 from .phase_stats import PhaseStat, within_run

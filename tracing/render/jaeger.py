@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from ..diagnose import Finding
+from ..verdicts.diagnose import Finding
 from .jsonout import dumps
 from .lanes import OPEN_ATTR, Bar, Held, Lane, Layout, lanes_held, resolve
 from .verdict import Marks, marks

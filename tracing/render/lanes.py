@@ -24,8 +24,9 @@ import msgspec
 
 from .. import keys
 from ..files import pwrite_all
+from ..reader.load import ChildLost, Split
+from ..reader.run import ProcessRec, RunView, SpanRec, key_text, node_label, phase_key_of
 from ..redact import is_secret_key, redact
-from ..rundir import ChildLost, ProcessRec, RunView, SpanRec, Split
 
 OPEN_ATTR = "phasetrace.open"  # set on exported spans that never ended
 
@@ -117,19 +118,6 @@ def _scrub(span: SpanRec) -> None:
                 event["attrs"] = clean
 
 
-def phase_key(span: SpanRec) -> str:
-    """The phase name, told apart where one rank runs it several ways (draft model, comm group)."""
-    return _phase_key(span.attrs, span.name)
-
-
-def _phase_key(attrs: dict[str, Any], name: str) -> str:
-    return _key_text(attrs.get(keys.PHASE) or name, attrs.get(keys.IS_DRAFT) is True, attrs.get(keys.GROUP_NAME))
-
-
-def _key_text(phase: str, draft: bool, group: Any) -> str:
-    return f"{phase} [draft]" if draft else f"{phase} [{group}]" if group else phase
-
-
 _RAW_KEYS: dict[tuple, str] = {}  # (phase, draft, group) as written -> the phase key, redacted
 
 
@@ -144,7 +132,7 @@ def _raw_key(attrs: dict[str, Any], name: str) -> str:
     if hit is None:
         phase = (_redacted(keys.PHASE, phase) if phase else phase) or name
         group = _redacted(keys.GROUP_NAME, group) if group else group
-        hit = _key_text(phase, draft, group)
+        hit = key_text(phase, draft, group)
         if raw is not None:
             if len(_RAW_KEYS) > 100_000:
                 _RAW_KEYS.clear()
@@ -233,14 +221,6 @@ def _horizon(procs: list[ProcessRec], bounds: dict[Any, tuple[list[int], int]]) 
     times = [p.last_t for p in procs] + [s.end or s.start for p in procs for s in p.spans.values()]
     times += [got[1] for p in procs if (got := bounds.get(p.path))]
     return max(times or [0])
-
-
-def node_label(proc: ProcessRec, label: str) -> str:
-    """``tp9@node-1`` (``launcher@node-1``): a lane of a multi-node launch names its node."""
-    node = proc.node
-    if node is None:
-        return label
-    return f"{'launcher' if proc.role == 'launcher' else label}@node-{node}"
 
 
 def layout(run: RunView, now: int | None = None, depth: int | None = None, attrs: bool = True) -> Layout:
@@ -334,7 +314,7 @@ class _Work:
                 if shown is not attrs:
                     span.attrs = attrs = shown
                 if named != span.name:
-                    key = _phase_key(attrs, span.name)
+                    key = phase_key_of(attrs, span.name)
                 if span.error is not None or span.events:
                     _scrub(span)  # its attrs are clean: its error and events may not be
             elif scrub:  # most spans: attrs already seen clean (they repeat across copies and ranks)
@@ -356,7 +336,7 @@ class _Work:
                             aid = _new_id(_SHOWN_IDS, shown)
                 elif span.error is not None or span.events:
                     _scrub(span)  # its attrs are clean: its error and events may not be
-                key = _phase_key(attrs, span.name)
+                key = phase_key_of(attrs, span.name)
                 by_object[id(raw)] = (aid, attrs, raw, span.name, key)  # ``raw`` held: its id is not reused meanwhile
             if trace_map and span.trace_id in trace_map:
                 span.trace_id = trace_map[span.trace_id]
@@ -441,7 +421,7 @@ def _part_lanes(procs: dict[str, ProcessRec], ctx: dict[str, Any]) -> list[Lane]
     for path, index, label, until in ctx["lanes"]:
         proc = procs[path]
         bars, own = work.bars(proc, until, elsewhere)
-        owned.update(own)  # span ids are unique in a split run (``rundir._split_ok``)
+        owned.update(own)  # span ids are unique in a split run (``reader.load``)
         lanes.append(Lane(proc, index, bars, label))
     parents = ctx["parents"]
     for bar, parent_id in elsewhere:
@@ -456,12 +436,12 @@ _PART_LANES: dict[int, list[Lane]] = {}  # in the child: token -> its lanes
 
 
 def _part_prepare(procs: dict[str, ProcessRec], ctx: dict[str, Any]) -> None:
-    """In the child (``rundir._Child.call``): lay out its lanes (``_part_job`` uses them)."""
+    """In the child (``reader.load.Child.call``): lay out its lanes (``_part_job`` uses them)."""
     _PART_LANES[ctx["token"]] = _part_lanes(procs, ctx)
 
 
 def _part_job(procs: dict[str, ProcessRec], arg: tuple) -> list[tuple[int, Any]]:
-    """In the child (``rundir._Child.call``): ``fn(lane, arg)`` for each of its lanes."""
+    """In the child (``reader.load.Child.call``): ``fn(lane, arg)`` for each of its lanes."""
     token, module, name, fn_arg = arg
     fn = getattr(importlib.import_module(module), name)
     return [(lane.index, fn(lane, fn_arg)) for lane in _PART_LANES[token]]

@@ -13,8 +13,8 @@ import json
 from typing import Any
 
 from .. import keys
-from ..diagnose import Finding
-from ..rundir import ProcessRec
+from ..reader.run import ProcessRec
+from ..verdicts.diagnose import Finding
 from .jaeger import VERDICT_ATTR, WAITING_ATTR
 from .lanes import OPEN_ATTR, Bar, Layout
 from .verdict import Marks, marks

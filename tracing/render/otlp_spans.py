@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from ..diagnose import Finding
+from ..verdicts.diagnose import Finding
 from .jaeger import VERDICT_ATTR, WAITING_ATTR
 from .lanes import OPEN_ATTR, Bar, Layout
 from .otlp_json import SCOPE, resource_attrs

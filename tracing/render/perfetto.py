@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..diagnose import Finding
+from ..verdicts.diagnose import Finding
 from .jaeger import VERDICT_ATTR, WAITING_ATTR
 from .lanes import Layout
 from .verdict import marks

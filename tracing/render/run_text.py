@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..diagnose import Finding
+from ..verdicts.diagnose import Finding
 from .lanes import Lane, Layout
 from .term import clean
 from .units import duration

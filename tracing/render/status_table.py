@@ -16,7 +16,7 @@ from rich.cells import cell_len
 from rich.console import Group
 from rich.text import Text
 
-from ..diagnose import Finding
+from ..verdicts.diagnose import Finding
 from .lanes import Lane, Layout
 from .term import clean, text
 from .units import duration, size

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..diagnose import PREFIX, VERDICT, Finding
 from ..redact import redact_text
+from ..verdicts.diagnose import PREFIX, VERDICT, Finding
 from .lanes import Bar, Lane, Layout
 from .units import duration
 

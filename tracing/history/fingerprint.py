@@ -1,0 +1,312 @@
+"""The launch fingerprint: what makes two starts comparable, read from a run directory.
+
+Two starts are compared only when they launched the same thing the same way: a median of earlier
+starts says "usually 41 s" only if those starts loaded the same weights onto the same devices with
+the same graph and speculative settings. Each field is here because changing it changes how long a
+phase takes (the ``FIELDS`` table says which and why); everything else (ports, log level, API
+keys, host names) is left out, so restarting the same launch tomorrow, on another node of the same
+kind, is the same fingerprint.
+
+Read from the run alone (the server arguments the launch root and each rank root carry), so
+whoever records a run (the launcher at the end of its start, ``phasetrace history --record``) gets
+the same id. Two things no journal holds yet are read from this host when the run ran here: the
+torch version (the installed one, when the run's SGLang version is the installed one) and the GPU
+model (NVML); the resource attributes ``TORCH_VERSION_ATTR`` / ``DEVICE_MODEL_ATTR`` take
+precedence once the runtime stamps them. Every free-form value (paths, strings of the server
+arguments) goes through ``tracing.redact``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from .. import keys
+from ..reader.run import ProcessRec, RunView
+from ..redact import redact
+
+SERVER_ARGS_ATTR = "sglang.server_args"  # the redacted JSON ``patches/_attrs.server_args_json`` writes
+TORCH_VERSION_ATTR = "torch.version"  # resource attribute (to go to keys.py when the runtime sets it)
+DEVICE_MODEL_ATTR = "sglang.device_model"  # resource attribute: "NVIDIA H200" (ditto)
+CONFIG_MAX = 4 << 20  # bytes of a model's config.json hashed (a real one is a few KiB)
+
+# Server arguments that change how long a start takes, by what they change. Names of every era
+# (0.5.9's ``cuda_graph_max_bs``, 0.5.23's ``cuda_graph_max_bs_decode``…): a name the run's release
+# does not have is simply absent, and a new release is a new fingerprint anyway (its version).
+START_ARGS: dict[str, tuple[str, ...]] = {
+    # which kernels are set up, warmed up and captured
+    "attention": (
+        "attention_backend",
+        "prefill_attention_backend",
+        "decode_attention_backend",
+        "mm_attention_backend",
+        "sampling_backend",
+    ),
+    # graph capture: one capture per batch size, the longest phase on many GPUs
+    "graphs": (
+        "disable_cuda_graph",
+        "disable_cuda_graph_padding",
+        "disable_decode_cuda_graph",
+        "disable_prefill_cuda_graph",
+        "cuda_graph_max_bs",
+        "cuda_graph_bs",
+        "cuda_graph_max_bs_decode",
+        "cuda_graph_bs_decode",
+        "cuda_graph_max_bs_prefill",
+        "cuda_graph_bs_prefill",
+        "cuda_graph_backend_decode",
+        "cuda_graph_backend_prefill",
+        "cuda_graph_config",
+        "enable_piecewise_cuda_graph",
+        "piecewise_cuda_graph_max_tokens",
+        "piecewise_cuda_graph_tokens",
+        "enable_torch_compile",
+        "torch_compile_max_bs",
+    ),
+    # a draft model: its own weights, memory pools and graphs (EAGLE captures per step)
+    "speculative": (
+        "speculative_algorithm",
+        "speculative_num_steps",
+        "speculative_eagle_topk",
+        "speculative_num_draft_tokens",
+        "speculative_draft_load_format",
+        "speculative_draft_attention_backend",
+        "speculative_draft_model_quantization",
+        "speculative_draft_model_revision",
+    ),
+    # how many bytes are read and converted, and how
+    "weights": (
+        "load_format",
+        "quantization",
+        "modelopt_quant",
+        "dtype",
+        "revision",
+        "cpu_offload_gb",
+        "weight_loader_disable_mmap",
+        "enable_weights_cpu_backup",
+    ),
+    # memory pools: their size is allocated (and on some backends touched) at start
+    "memory": (
+        "mem_fraction_static",
+        "max_total_tokens",
+        "max_running_requests",
+        "context_length",
+        "chunked_prefill_size",
+        "kv_cache_dtype",
+    ),
+    # parallel features that add groups, collectives and buffers
+    "parallel": (
+        "enable_dp_attention",
+        "moe_a2a_backend",
+        "moe_runner_backend",
+        "deepep_mode",
+        "enable_lora",
+        "skip_server_warmup",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """``fields``: canonical (sorted, JSON-able) data; ``id``: 12 hex digits of its SHA-256."""
+
+    fields: dict[str, Any]
+    id: str
+
+    @property
+    def summary(self) -> str:
+        """``tiny-llama (cfg 3f2a9c1b) · tp2 · cpu x2 · sglang 0.5.23 · torch 2.9.0 · EAGLE``: what a person
+        recognises a launch by (the id tells apart what this leaves out)."""
+        f = self.fields
+        model, layout, dev, ver = f["model"], f["layout"], f["device"], f["versions"]
+        name = Path(model["path"]).name if model.get("path") else "?"
+        parts = [name + (f" (cfg {model['config'][:8]})" if model.get("config") else "")]
+        sizes = [
+            f"{k}{layout[k]}" for k in ("tp", "pp", "dp", "ep") if isinstance(layout.get(k), int) and layout[k] > 1
+        ]
+        if (layout.get("nnodes") or 1) > 1:
+            sizes.append(f"{layout['nnodes']} nodes")
+        parts.append(" ".join(sizes) or "tp1")
+        parts.append(f"{dev.get('model') or dev.get('kind') or '?'} x{dev.get('count') or '?'}")
+        parts.append(f"sglang {ver.get('sglang') or '?'}")
+        parts.append(f"torch {ver.get('torch') or '?'}")
+        args = f["args"]
+        if args.get("speculative_algorithm"):
+            parts.append(str(args["speculative_algorithm"]))
+        if args.get("quantization"):
+            parts.append(str(args["quantization"]))
+        if args.get("disable_cuda_graph"):
+            parts.append("no graphs")
+        return " · ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "summary": self.summary, "fields": self.fields}
+
+
+def canonical(fields: dict[str, Any]) -> str:
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
+
+
+def make(fields: dict[str, Any]) -> Fingerprint:
+    return Fingerprint(fields, hashlib.sha256(canonical(fields).encode()).hexdigest()[:12])
+
+
+def of_run(run: RunView) -> Fingerprint | None:
+    """The run's fingerprint; None when nothing in it says what was launched (no launch root or
+    rank root carried the server arguments: a start that failed before SGLang parsed them)."""
+    procs = run.processes
+    attrs = _launch_attrs(procs)
+    if attrs is None:
+        return None
+    args = server_args(attrs.get(SERVER_ARGS_ATTR))
+    model_path = args.get("model_path", attrs.get("sglang.model_path"))
+    layout = {
+        "tp": _int(args.get("tp_size", attrs.get("sglang.tp_size"))),
+        "pp": _int(args.get("pp_size", attrs.get("sglang.pp_size"))),
+        "dp": _int(args.get("dp_size", attrs.get("sglang.dp_size"))),
+        "ep": _int(args.get("ep_size", attrs.get("sglang.ep_size"))),
+        "nnodes": _int(args.get("nnodes", attrs.get(keys.NNODES))) or 1,
+    }
+    chosen: dict[str, Any] = {}
+    for names in START_ARGS.values():
+        for name in names:
+            if name in args:
+                chosen[name] = redact(args[name], name)
+    draft = args.get("speculative_draft_model_path")
+    resource = _resource(procs)
+    here = any(p.host == _this_host() for p in procs)
+    sglang = resource.get(keys.SGLANG_VERSION)
+    kind = args.get("device") if isinstance(args.get("device"), str) else None
+    fields = {
+        "model": _model(model_path),
+        "draft": _model(draft) if draft else None,
+        "layout": layout,
+        "versions": {
+            "sglang": sglang,
+            "torch": resource.get(TORCH_VERSION_ATTR) or (_torch_here(sglang) if here else None),
+        },
+        "device": {
+            "kind": kind or "auto",
+            "model": resource.get(DEVICE_MODEL_ATTR) or (_gpu_model_here(args) if here and kind != "cpu" else None),
+            "count": _devices(layout, args),
+        },
+        "args": chosen,
+    }
+    return make(fields)
+
+
+def _launch_attrs(procs: list[ProcessRec]) -> dict[str, Any] | None:
+    """The attributes of the launch: the launcher's root (it has the server arguments once it
+    ended, an Engine's, or from its start, a server's), else a rank root's (from its start)."""
+    best = None
+    for proc in sorted(procs, key=lambda p: p.role != "launcher"):
+        for span in proc.spans.values():
+            if span.attrs.get(keys.PHASE) in keys.ROOT_PHASES:
+                a = span.attrs
+                if SERVER_ARGS_ATTR in a:
+                    return a
+                if best is None and ("sglang.tp_size" in a or "sglang.model_path" in a):
+                    best = a
+                break
+    return best
+
+
+def server_args(text: Any) -> dict[str, Any]:
+    """The server arguments' JSON. ``server_args_json`` cuts it at 32 KiB (a release with a very long
+    argument list): then each argument we use is read from the text where it is whole."""
+    if not isinstance(text, str):
+        return {}
+    try:
+        data = json.loads(text)
+        return data if isinstance(data, dict) else {}
+    except ValueError:
+        pass
+    out: dict[str, Any] = {}
+    decoder = json.JSONDecoder()
+    wanted = ["model_path", "tp_size", "pp_size", "dp_size", "ep_size", "nnodes", "device", "base_gpu_id"]
+    wanted += [name for names in START_ARGS.values() for name in names] + ["speculative_draft_model_path"]
+    for name in wanted:
+        at = text.find(f'"{name}": ')
+        if at < 0:
+            continue
+        try:
+            out[name] = decoder.raw_decode(text, at + len(name) + 4)[0]
+        except ValueError:  # cut inside this value
+            continue
+    return out
+
+
+def _model(path: Any) -> dict[str, Any]:
+    """The model's path (redacted) and a hash of its ``config.json`` where it is a local directory
+    this process can read: the same path holding another checkpoint is another launch."""
+    if not isinstance(path, str) or not path:
+        return {"path": None, "config": None}
+    return {"path": redact(path, "model_path"), "config": _config_hash(path)}
+
+
+@lru_cache(maxsize=64)
+def _config_hash(path: str) -> str | None:
+    try:
+        with open(os.path.join(path, "config.json"), "rb") as f:  # an HF snapshot's is a link: followed
+            data = f.read(CONFIG_MAX + 1)
+    except (OSError, ValueError):
+        return None
+    return None if len(data) > CONFIG_MAX else hashlib.sha256(data).hexdigest()[:16]
+
+
+def _resource(procs: list[ProcessRec]) -> dict[str, Any]:
+    """Resource attributes of the launch's processes, the launcher's first."""
+    out: dict[str, Any] = {}
+    for proc in sorted(procs, key=lambda p: p.role != "launcher"):
+        for k, v in proc.resource.items():
+            out.setdefault(k, v)
+    return out
+
+
+def _devices(layout: dict[str, Any], args: dict[str, Any]) -> int | None:
+    """Devices the launch uses: tp x pp, times dp unless DP attention runs inside the TP group."""
+    tp, pp, dp = layout["tp"] or 1, layout["pp"] or 1, layout["dp"] or 1
+    return tp * pp * (1 if args.get("enable_dp_attention") else dp)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _this_host() -> str:
+    from ..procs import this_host
+
+    return this_host()
+
+
+@lru_cache(maxsize=8)
+def _torch_here(sglang: str | None) -> str | None:
+    """The installed torch's version, when the installed SGLang is the run's (the same environment,
+    as far as a reader can tell); read from the package metadata, torch is not imported."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch") if sglang and metadata.version("sglang") == sglang else None
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _gpu_model_here(args: dict[str, Any]) -> str | None:
+    """The name of the launch's first GPU (``base_gpu_id``), through NVML; None without a driver."""
+    from ..recorder import gpu
+
+    nvml = gpu._nvml()
+    if nvml is None:
+        return None
+    try:
+        base = args.get("base_gpu_id")
+        handle = nvml.nvmlDeviceGetHandleByIndex(gpu.physical_index(base if isinstance(base, int) else 0))
+        name = nvml.nvmlDeviceGetName(handle)
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:
+        return None

@@ -1,0 +1,473 @@
+"""Loading a run directory for the CLI: ``load_run``, and on a large run the read shared with a
+forked child (``refresh_parallel``), which can keep its half whole and render its lanes itself
+(``Split``). The public interface is those three and ``ChildLost``; the rest is the child's protocol."""
+
+from __future__ import annotations
+
+import importlib
+import marshal
+import os
+import socket
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import fields
+from operator import attrgetter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .. import keys
+from ..journal.layout import JOURNAL_DIR
+from ..journal.reader import JournalTail
+from ..journal.schema import SpanRec
+from .run import ProcessRec, RunView, _apply_all
+
+
+def refresh_parallel(view: RunView, final: bool = False, shallow: int | None = None, split: bool = False) -> RunView:
+    """``view.refresh``, a first read of a large run shared with a forked child (``Child``): the
+    CLI's one-shot read, never a live watcher's thread (later reads: ``view.refresh``). ``shallow``:
+    the reader draws spans down to that depth only (``status``, ``timeline``): the child leaves out
+    the deeper ones that ended well (they are not needed, and are most of what it would send back).
+    ``split``: the child keeps whole what it read and sends back what every verdict reads (a
+    ``shallow`` read), and lays out and renders its processes' lanes on request (``view.split``,
+    ``render.lanes.lanes_map``): a verb that renders every span of a large run."""
+    if view._tails:
+        return view.refresh(final)
+    view._status = {}
+    journals = view.journals()
+    child = Child.start(journals, final, 0, serve=True) if split else Child.start(journals, final, shallow)
+    try:
+        for path in journals[: child.first] if child is not None else journals:
+            view._read(path, final)
+        if child is not None:
+            got = child.collect()
+            if got is not None and child.serving and not _split_ok(view._tails, got, child.extras):
+                got = _whole_from(child, got)  # a span id twice, or a reference into what it left out
+                child.serving = False
+            if got is None or not child.serving:
+                child.abandon()
+            else:
+                view.split = Split(view, child, final)
+            child = None
+            for path, (tail, proc) in (got or {}).items():
+                view._tails[path] = (tail, proc)
+                view._told += [(proc, r) for r in proc.told]
+            for path in journals:  # what the child did not bring back (it failed): read here
+                if path not in view._tails:
+                    view._read(path, final)
+    finally:
+        if child is not None:  # interrupted while the child works: end it
+            child.abandon()
+    if view._told:
+        view._place_told()
+    return view
+
+
+def load_run(
+    path: Path | str, *more: Path | str, parallel: bool = False, shallow: int | None = None, split: bool = False
+) -> RunView:
+    """Everything in a finished (or abandoned) run directory, or in several as one launch (one
+    directory per node). ``parallel``, ``shallow``, ``split``: see ``refresh_parallel`` (the CLI's verbs)."""
+    paths = [Path(p) for p in (path, *more)]
+    for p in paths:
+        if not (p / JOURNAL_DIR).is_dir():
+            raise FileNotFoundError(f"{p}: not a phasetrace run directory (no {JOURNAL_DIR}/ inside)")
+    view = RunView(*paths)
+    return refresh_parallel(view, True, shallow, split) if parallel else view.refresh(final=True)
+
+
+_SPAN_ID = attrgetter("span_id")
+_PROC_FIELDS = tuple(f.name for f in fields(ProcessRec) if f.name not in ("path", "spans"))
+
+
+_TAIL_FIELDS = ("offset", "lines", "problems", "unknown_kinds", "_unreadable", "_long", "_capped")
+
+
+class Child:
+    """A forked child that reads the last part of a run's journals (``SHARE`` of the bytes) while
+    the parent reads the rest, and sends back each journal's state (``ProcessRec``, the reader's
+    position and problems) over a pipe (``_pack``). Used only where it pays and is safe: a run of
+    ``MIN_BYTES`` or more, two usable cores, Linux (``os.fork``), and no other thread in the
+    process. Anything wrong (the child failed, died, sent what cannot be unpacked) and the parent
+    reads those journals itself.
+
+    ``serve``: the child sends back a shallow state (what verdicts read), keeps the whole one, and
+    then runs what the parent asks of its processes (``call``: a function named by module and name,
+    ``fn(processes by path, arg)``, or ``fn(processes, arg, fd)`` with a descriptor the parent
+    passes over a socket: a file the child writes its part of) until the parent closes the pipe."""
+
+    MIN_BYTES = 32 << 20
+    SHARE = 0.45  # of the bytes: the parent also unpacks what the child read
+    SHALLOW_SHARE = 0.5  # a ``shallow`` read: little is sent back
+    PIPE_BYTES = 1 << 20
+    SPLIT_SHARE = 0.5  # ``serve``: each lays out and renders what it read (the parent also unpacks the shallow state)
+
+    def __init__(
+        self, pid: int, fd: int, first: int, journals: list[Path], cmd: int = -1, fds: socket.socket | None = None
+    ) -> None:
+        self.pid, self.first, self.journals = pid, first, journals
+        self.pipe = os.fdopen(fd, "rb")
+        self.cmd = os.fdopen(cmd, "wb") if cmd >= 0 else None
+        self.fds = fds  # ``serve``: descriptors for the child (``call(..., fd=)``)
+        self.serving = cmd >= 0
+        self.extras: dict[Path, tuple] = {}  # ``serve``: path -> (span ids, earliest starts by depth, latest time)
+
+    @classmethod
+    def start(cls, journals: list[Path], final: bool, shallow: int | None = None, serve: bool = False) -> Child | None:
+        if not sys.platform.startswith("linux") or threading.active_count() > 1 or _cores() < 2:
+            return None
+        sizes = []
+        for path in journals:
+            try:
+                sizes.append(os.stat(path).st_size)
+            except OSError:
+                sizes.append(0)
+        total = sum(sizes)
+        if total < cls.MIN_BYTES:
+            return None
+        first, done = len(journals), 0
+        share = cls.SPLIT_SHARE if serve else cls.SHARE if shallow is None else cls.SHALLOW_SHARE
+        while first > 1 and done + sizes[first - 1] <= total * share:
+            first -= 1
+            done += sizes[first]
+        if first == len(journals):
+            return None
+        r, w = os.pipe()
+        cmd_r, cmd_w = os.pipe() if serve else (-1, -1)
+        fds = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) if serve else ()
+        _widen(w)
+        if serve:
+            _widen(cmd_w)
+        try:
+            pid = os.fork()
+        except OSError:
+            for fd in (r, w, cmd_r, cmd_w):
+                if fd >= 0:
+                    os.close(fd)
+            for sock in fds:
+                sock.close()
+            return None
+        if pid == 0:  # the child: read, send, (serve,) exit without running anything of the parent's
+            code = 1
+            try:
+                os.close(r)
+                if serve:
+                    os.close(cmd_w)
+                    fds[0].close()
+                mine = journals[first:]
+                read = [_read_whole(path, final) for path in mine]
+                with os.fdopen(w, "wb") as out:
+                    _send(out, [_pack(tail, proc, shallow, serve) for tail, proc in read])
+                    if serve:
+                        with os.fdopen(cmd_r, "rb") as cmd:
+                            procs = {str(path): proc for path, (_, proc) in zip(mine, read, strict=True)}
+                            _serve(cmd, out, procs, fds[1])
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        if serve:
+            os.close(cmd_r)
+            fds[1].close()
+        return cls(pid, r, first, journals[first:], cmd_w, fds[0] if serve else None)
+
+    def collect(self) -> dict[Path, tuple[JournalTail, ProcessRec]] | None:
+        """The child's journals, or None when it failed."""
+        try:
+            packed = _recv(self.pipe)
+            if not self.serving:
+                self.pipe.close()
+                _, status = os.waitpid(self.pid, 0)
+                if status != 0:
+                    return None
+            got = {}
+            for path, item in zip(self.journals, packed, strict=True):
+                got[path] = _unpack(path, item[:3])
+                if self.serving:
+                    self.extras[path] = item[3]
+            return got
+        except (OSError, ValueError, EOFError, TypeError):
+            return None
+
+    def call(self, fn: Callable[..., Any], arg: Any, fd: int | None = None) -> None:
+        """Ask the child for ``fn(its processes, arg)`` (``reply`` takes the answer); ``arg`` and
+        the answer are ``marshal`` data. ``fd``: ``fn(its processes, arg, a copy of fd)`` instead."""
+        assert self.cmd is not None and self.fds is not None
+        if fd is not None:
+            socket.send_fds(self.fds, [b"f"], [fd])
+        _send(self.cmd, (fn.__module__, fn.__qualname__, arg, fd is not None))
+
+    def reply(self) -> Any:
+        """The answer to the last ``call``; ``ChildLost`` when there is none (it failed or died)."""
+        try:
+            status, value = _recv(self.pipe)
+        except (OSError, ValueError, EOFError, TypeError) as exc:
+            raise ChildLost(f"no answer ({exc!r})") from None
+        if status != "ok":
+            raise ChildLost(value)
+        return value
+
+    def abandon(self) -> None:
+        for f in (self.cmd, self.pipe, self.fds):  # closing its pipes ends it: its write or read fails
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
+        try:
+            os.waitpid(self.pid, 0)
+        except OSError:
+            pass
+
+
+class ChildLost(Exception):
+    """The child of a ``split`` read failed or died: its processes are read again here (``Split.whole``)."""
+
+
+class Split:
+    """Processes a forked child read and holds whole, while this view holds them shallow (the spans
+    every verdict reads, ``_shallow``): a renderer asks the child to lay out and render their lanes
+    (``render.lanes.lanes_map``), and only if the child is lost reads them again here (``whole``)."""
+
+    def __init__(self, view: RunView, child: Child, final: bool) -> None:
+        self.view, self.child, self.final = weakref.proxy(view), child, final  # the view holds this: no cycle
+        self.paths = set(child.journals)
+        # path -> (earliest start at each depth, latest end or start) of its spans (``layout``: the run's bounds)
+        self.bounds = {path: (firsts, hi) for path, (_, firsts, hi) in child.extras.items() if hi is not None}
+        self.lost = False
+        self._whole: dict[str, ProcessRec] | None = None
+        weakref.finalize(self, child.abandon)  # the view is dropped: the child ends (the CLI exits before)
+
+    def call(self, fn: Callable[..., Any], arg: Any, fd: int | None = None) -> bool:
+        """Ask the child for ``fn(its processes, arg)`` (``reply``; ``Child.call``); False when it is lost."""
+        if not self.lost:
+            try:
+                self.child.call(fn, arg, fd)
+                return True
+            except (OSError, ValueError):  # it died: a closed pipe; an argument marshal refuses
+                self.lost = True
+        return False
+
+    def reply(self) -> Any:
+        try:
+            return self.child.reply()
+        except ChildLost:
+            self.lost = True
+            raise
+
+    def whole(self) -> dict[str, ProcessRec]:
+        """The child's processes, read whole in this process (the child is ended): the view then
+        holds them whole too."""
+        if self._whole is not None:
+            return self._whole
+        self.child.abandon()
+        self.lost = True
+        view = self.view
+        old = {id(view._tails[path][1]) for path in self.paths if path in view._tails}
+        view._told = [(teller, r) for teller, r in view._told if id(teller) not in old]
+        for path in self.paths:
+            view._tails.pop(path, None)
+            view._read(path, self.final)
+        view._place_told()
+        self._whole = {str(path): view._tails[path][1] for path in self.paths}
+        return self._whole
+
+
+def _send(out: Any, obj: Any, data: bytes | None = None) -> None:
+    """One message (``obj`` as ``marshal`` data, or ``data`` already made), length first."""
+    data = marshal.dumps(obj) if data is None else data
+    out.write(len(data).to_bytes(8, "little"))
+    out.write(data)
+    out.flush()
+
+
+def _recv(pipe: Any) -> Any:
+    head = pipe.read(8)
+    if len(head) < 8:
+        raise EOFError("the pipe closed")
+    size = int.from_bytes(head, "little")
+    data = pipe.read(size)
+    if len(data) < size:
+        raise EOFError("the pipe closed")
+    return marshal.loads(data)
+
+
+def _serve(cmd: Any, out: Any, procs: dict[str, ProcessRec], fds: socket.socket) -> None:
+    """The child's loop (``Child.call``): until the parent closes the pipe."""
+    while True:
+        try:
+            module, name, arg, with_fd = _recv(cmd)
+        except EOFError:
+            return
+        fd = None
+        try:
+            if with_fd:
+                fd = socket.recv_fds(fds, 1, 1)[1][0]
+            fn = importlib.import_module(module)
+            for part in name.split("."):
+                fn = getattr(fn, part)
+            data = marshal.dumps(("ok", fn(procs, arg) if fd is None else fn(procs, arg, fd)))
+        except Exception as exc:  # the parent does it itself
+            data = marshal.dumps(("error", repr(exc)))
+        finally:
+            if fd is not None:
+                os.close(fd)
+        _send(out, None, data)
+
+
+def _whole_from(
+    child: Child, got: dict[Path, tuple[JournalTail, ProcessRec]]
+) -> dict[Path, tuple[JournalTail, ProcessRec]] | None:
+    """``got`` (a shallow state) made whole with every span the child holds; None if it fails."""
+    try:
+        child.call(_all_spans, [str(path) for path in got])
+        packed = child.reply()
+        for (_, proc), spans in zip(got.values(), packed, strict=True):
+            decoded = _SPANS.decode(spans)
+            proc.spans, proc.dropped = dict(zip(map(_SPAN_ID, decoded), decoded, strict=True)), {}
+    except (ChildLost, ValueError, TypeError, msgspec.DecodeError):
+        return None
+    return got
+
+
+def _all_spans(procs: dict[str, ProcessRec], paths: list[str]) -> list[bytes]:
+    """In the child (``Child.call``): every span of each process, as ``_pack`` sends them."""
+    return [msgspec.msgpack.encode(list(procs[path].spans.values())) for path in paths]
+
+
+def _split_ok(
+    tails: dict[Path, tuple[JournalTail, ProcessRec]],
+    got: dict[Path, tuple[JournalTail, ProcessRec]],
+    extras: dict[Path, tuple],
+) -> bool:
+    """Each half can lay out its lanes alone: no span id is empty or used twice in the run (a
+    layout would make new ones, in process order), and no span the parent read has its parent
+    among those the child left out."""
+    theirs = [sid for ids, _, _ in extras.values() for sid in ids]
+    mine = [sid for _, proc in tails.values() for sid in proc.spans]
+    their_set, my_set = set(theirs), set(mine)
+    if len(their_set) != len(theirs) or len(my_set) != len(mine) or "" in their_set or "" in my_set:
+        return False
+    if not their_set.isdisjoint(my_set):
+        return False
+    sent = {sid for _, proc in got.values() for sid in proc.spans}
+    for _, proc in tails.values():
+        for span in proc.spans.values():
+            up = span.parent_id
+            if up and up not in proc.spans and up in their_set and up not in sent:
+                return False
+    return True
+
+
+def _widen(fd: int) -> None:
+    """A pipe that holds up to ``PIPE_BYTES`` (Linux): a large answer is not sent 64 KiB per wake-up."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), Child.PIPE_BYTES)
+    except OSError:  # above /proc/sys/fs/pipe-max-size for this user: the default then
+        pass
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _read_whole(path: Path, final: bool) -> tuple[JournalTail, ProcessRec]:
+    tail, proc = JournalTail(path), ProcessRec(path)
+    for piece in tail.bulk_pieces(final=final):
+        _apply_all(tail, proc, piece)
+    return tail, proc
+
+
+def _pack(tail: JournalTail, proc: ProcessRec, shallow: int | None = None, extras: bool = False) -> tuple:
+    """One journal's state, as ``_unpack`` takes it back: the spans as msgpack (decoded in C by
+    the parent, straight into ``SpanRec``s), the rest as ``marshal`` data. ``extras``: also every
+    span id, the earliest start at each depth and the latest end or start (``Split``)."""
+    levels = _levels(proc.spans) if shallow is not None or extras else {}
+    spans = list(proc.spans.values()) if shallow is None else _shallow(proc, shallow, levels)
+    packed = (
+        [getattr(tail, name) for name in _TAIL_FIELDS],
+        [getattr(proc, name) for name in _PROC_FIELDS],
+        msgspec.msgpack.encode(spans),
+    )
+    if not extras:
+        return packed
+    firsts: list[int] = []  # by depth: the earliest start of a span at that depth
+    hi = None
+    for sid, span in proc.spans.items():
+        level = levels[sid]
+        if level == len(firsts):
+            firsts.append(span.start)
+        elif span.start < firsts[level]:
+            firsts[level] = span.start
+        t = span.end or span.start
+        hi = t if hi is None or t > hi else hi
+    return (*packed, (list(proc.spans), firsts, hi))
+
+
+def _levels(spans: dict[str, SpanRec]) -> dict[str, int]:
+    """Span id -> its depth in its process (0: a root, or its parent is elsewhere), as ``layout`` counts."""
+    levels: dict[str, int] = {}
+    for sid, span in spans.items():
+        up = levels.get(span.parent_id) if span.parent_id else None
+        levels[sid] = up + 1 if up is not None else 0
+    return levels
+
+
+def _shallow(proc: ProcessRec, depth: int, levels: dict[str, int]) -> list[SpanRec]:
+    """The spans a reader drawing down to ``depth`` needs, and every span a verdict reads
+    (``diagnose``, ``postmortem``, ``hints``, ``cli.findings``), in their order, with their ancestors
+    (so depths read from the spans sent are the same): those down to ``depth``; the open or failed
+    ones; graph-capture steps that ended under an open one (the progress estimate); each phase's latest
+    (whether a recorded verdict still holds); the latest to end, and any ending at the process's
+    last record (where it was when it ended). Of the rest, which all ended well, ``proc.dropped``
+    keeps how many there were per phase and the latest end (whether its peers left a rank behind).
+    A process that is not a rank (a launcher: a few spans) is sent whole. ``levels``: ``_levels``."""
+    spans = proc.spans
+    if proc.role != "rank":
+        return list(spans.values())
+    latest: dict[str, str] = {}  # phase -> its latest span
+    last = min(proc.last_t, max((s.end for s in spans.values() if s.end is not None), default=proc.last_t))
+    wanted: list[str] = []
+    phase_of = keys.PHASE
+    for sid, span in spans.items():
+        parent_id, level = span.parent_id, levels[sid]
+        attrs, end = span.attrs, span.end
+        latest[attrs.get(phase_of, span.name)] = sid
+        if (
+            level <= depth
+            or end is None
+            or end >= last
+            or span.status != "ok"
+            or (keys.SHAPE_INDEX in attrs and (parent := spans.get(parent_id or "")) is not None and parent.end is None)
+        ):
+            wanted.append(sid)
+    keep: set[str] = set()
+    for sid in (*wanted, *latest.values()):
+        while sid is not None and sid not in keep:  # with its ancestors in this process
+            keep.add(sid)
+            sid = spans[sid].parent_id if sid in spans else None
+    proc.dropped = proc.ended_phases(keep)  # all that is not kept ended (a whole state: nothing dropped yet)
+    return [span for sid, span in spans.items() if sid in keep]
+
+
+def _unpack(path: Path, item: tuple) -> tuple[JournalTail, ProcessRec]:
+    tail_state, proc_state, spans = item
+    tail, proc = JournalTail(path), ProcessRec(path)
+    for name, value in zip(_TAIL_FIELDS, tail_state, strict=True):
+        setattr(tail, name, value)
+    for name, value in zip(_PROC_FIELDS, proc_state, strict=True):
+        setattr(proc, name, value)
+    decoded = _SPANS.decode(spans)
+    proc.spans = dict(zip(map(_SPAN_ID, decoded), decoded, strict=True))
+    return tail, proc
+
+
+_SPANS = msgspec.msgpack.Decoder(list[SpanRec])

@@ -1,0 +1,562 @@
+"""Stall analysis over a run directory: which rank stopped, where, who waits for it, and what it is doing.
+
+Reads a ``RunView``, the clock and, for processes of this host, their state from the OS (psutil:
+exited, stopped, zombie); changes nothing, so the live watchdog, ``phasetrace watch`` and
+``phasetrace status`` share it. On ranks that are neither ready nor finished:
+
+* **silent**: no heartbeat for ``silent_s`` (its Python threads cannot run: GIL held in C, or the
+  process is stopped or dead);
+* **straggler**: peers wait in a collective this rank never entered and it made no progress —
+  named after ``blocked_s`` when its own heartbeats agree that it waits (asleep, no CPU, no I/O,
+  no GPU work, no child at work): "blocked"; after ``stall_s`` when they cannot say (no figures).
+  A rank still in a phase all peers left, without progress, is named after ``stall_s``;
+* **divergence**: ranks of one group entered different collectives at the same sequence number;
+* **no progress**: nothing moved on any rank for ``no_progress_s``.
+
+Not alarms (``Finding.alarm`` is False; returned with ``notices=True``, once per phase by key):
+
+* **busy**: peers wait, the rank makes no progress but works (CPU, I/O, GPU, a child process) —
+  it may be computing legitimately: said after ``busy_s``, never called stuck;
+* **slow**: peers wait on a rank whose progress counters move (shards loaded, graph shapes
+  captured): an estimate, never a stall.
+
+Progress is any phase begin/end/event, collective, or a heartbeat whose phase progress changed.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import keys
+from ..reader.run import ProcessRec, RunView
+
+NS = 1_000_000_000
+_P2P = {"send", "recv", "send_object", "recv_object", "send_tensor_dict", "recv_tensor_dict"}  # paired, not divergent
+_MEMBERS = re.compile(r"\[(\d+(?:,\d+)*)\]$")
+RENDEZVOUS = "dist.init_process_group"  # the phase where ranks meet at the launch's rendezvous (HOST:PORT)
+# What counts as working, per heartbeat interval (a rank blocked in gloo/NCCL uses ~1 % of a core).
+CPU_BUSY_PCT, GPU_BUSY_PCT, IO_BUSY_BPS, MAJFLT_BUSY = 25.0, 10.0, 64 * 1024, 8
+_STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "disk-sleep",
+    "T": "stopped",
+    "t": "traced",
+    "Z": "zombie",
+    "I": "idle",
+}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Seconds. Defaults name a blocked rank ~10 s after its peers start waiting for it (beat 2 s:
+    ≈ 0.03 % of a core per rank), a silent one ~10 s after its last beat."""
+
+    heartbeat_s: float = keys.HEARTBEAT_S
+    silent_s: float = 8.0  # no heartbeat this long: 3 beats missed (default: 4 heartbeats)
+    stall_s: float = 30.0  # no progress while peers wait / moved on, the rank's own figures unknown
+    no_progress_s: float = 120.0  # nothing anywhere
+    blocked_s: float = 8.0  # no progress while peers wait, and its heartbeats say it waits (capped at stall_s)
+    busy_s: float = 60.0  # no progress while peers wait, and it works: "busy", not an alarm (at least stall_s)
+
+    @classmethod
+    def from_env(cls) -> Thresholds:
+        """``SGLANG_PHASETRACE_{HEARTBEAT,SILENT,STALL,NO_PROGRESS,BLOCKED,BUSY}_S``; silent defaults to
+        4 beats (3 missed)."""
+
+        num = keys.env_seconds
+        hb = num("HEARTBEAT", cls.heartbeat_s)
+        return cls(
+            hb,
+            num("SILENT", max(4 * hb, 2.0)),
+            num("STALL", cls.stall_s),
+            num("NO_PROGRESS", cls.no_progress_s),
+            num("BLOCKED", max(cls.blocked_s, 4 * hb)),
+            num("BUSY", cls.busy_s),
+        )
+
+    @property
+    def blocked_bound(self) -> float:
+        return min(self.blocked_s, self.stall_s)
+
+    @property
+    def busy_bound(self) -> float:
+        return max(self.busy_s, self.stall_s)
+
+
+PREFIX = "sglang-phasetrace:"  # every verdict line a user sees, wherever the watchdog runs
+VERDICT = {"died": "DIED", "failed": "FAILED", "not_started": "NOT STARTED"}  # a finding's kind -> its word; else STALL
+
+
+@dataclass
+class Finding:
+    kind: str  # alarms: "silent" | "straggler" | "divergence" | "no_progress"; notices: "busy" | "slow"
+    label: str  # the rank it names, e.g. "tp1"
+    pid: int
+    phase: str | None
+    since_s: float
+    message: str  # the one-line diagnosis, verdict first
+    waiting: dict[str, str] = field(default_factory=dict)  # peer label -> what it waits in
+    stacks: list[str] = field(default_factory=list)  # stack dump paths, when taken
+    pids: list[int] = field(default_factory=list)  # every process involved (named rank first)
+    doing: str = ""  # what the named rank does, in words ("blocked (0 % CPU, sleeping; no GPU figures)")
+
+    @property
+    def key(self) -> tuple:
+        """Same stall, same key: the watchdog reports each once (a notice: once per phase)."""
+        return (self.kind, self.label, self.phase)
+
+    @property
+    def alarm(self) -> bool:
+        """False for notices (busy, slow): a rank that works or progresses is not stuck."""
+        return self.kind not in ("busy", "slow")
+
+
+def this_host() -> str:
+    return socket.gethostname()
+
+
+def process_state(proc: ProcessRec) -> str:
+    """``running``, ``sleeping``, ``disk-sleep``, ``stopped``, ``zombie``, ``exited`` or ``unknown``."""
+    if proc.host != this_host():
+        return "unknown (other host)"
+    try:
+        import psutil
+
+        return psutil.Process(proc.pid).status()
+    except Exception:  # NoSuchProcess, AccessDenied
+        return "exited"
+
+
+def _world_rank(proc: ProcessRec) -> int | None:
+    value = proc.identity.get(keys.WORLD_RANK)
+    return value if isinstance(value, int) else None
+
+
+def _where(proc: ProcessRec, now: int) -> tuple[str | None, str, float | None]:
+    """(phase, "in 'x'" or where it idles, seconds in that phase) of the innermost open phase."""
+    span = proc.current
+    if span is not None:
+        return span.phase, f"in '{span.phase}'", (now - span.start) / NS
+    ended = [s for s in proc.spans.values() if s.end is not None]
+    if ended:
+        last = max(ended, key=lambda s: s.end or 0)
+        return None, f"between phases ('{last.phase}' ended {(now - (last.end or now)) / NS:.0f} s ago)", None
+    return None, "before its first phase", None
+
+
+def _beats(run: RunView, proc: ProcessRec) -> list[dict[str, Any]]:
+    """Its latest heartbeats, oldest first: the journal's few and the status file's (fresher)."""
+    beats = {hb["t"]: hb for hb in proc.heartbeats}
+    status = run.status_file(proc)
+    if status and isinstance(status.get("t"), int):
+        beats[status["t"]] = status
+    return [beats[t] for t in sorted(beats)]
+
+
+def _heartbeat_t(beats: list[dict[str, Any]], proc: ProcessRec) -> int:
+    return beats[-1]["t"] if beats else proc.last_t
+
+
+def _wait_text(coll: dict[str, Any], now: int) -> str:
+    return f"{coll['op']} #{coll['seq']} on group '{coll['group']}' since {(now - coll['t']) / NS:.0f} s"
+
+
+def _initialising(proc: ProcessRec) -> bool:
+    """Inside init: its root (or, for root-less programs, some phase) is still open."""
+    root = proc.root
+    return root.status == "open" if root is not None else bool(proc.open_spans)
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+# -- what a rank is doing, from its heartbeats --------------------------------------------------------------
+
+
+@dataclass
+class Doing:
+    state: str  # "blocked" | "busy" | "unknown"
+    text: str  # the figures, e.g. "0 % CPU, sleeping; no GPU figures"
+
+
+def doing(beats: list[dict[str, Any]], since_t: int, now: int, th: Thresholds, in_collective: bool) -> Doing:
+    """Blocked when every recent heartbeat since ``since_t`` (at least two, the last fresh) shows no
+    work: under 25 % of a core, no I/O, no major faults, no child at work, the GPU idle (ignored
+    while the rank itself waits in a collective: NCCL spins). Busy when any shows work."""
+    tol = th.heartbeat_s / 4 * NS
+    window = [
+        b
+        for b in beats
+        if b["t"] >= now - th.blocked_bound * NS - tol
+        and b["t"] - (_num(b.get("dt_s")) or th.heartbeat_s) * NS >= since_t - tol
+        and isinstance(b.get("main"), dict)
+        and _num(b.get("dt_s"))
+    ]
+    fresh = bool(window) and (now - window[-1]["t"]) / NS <= 2 * th.heartbeat_s + 1
+    if len(window) < 2 or not fresh:
+        return Doing("unknown", "no heartbeat figures since it stopped progressing")
+    busy: list[str] = []
+    cpu = io = faults = child = 0.0
+    gpu: list[dict[str, Any]] = []
+    for b in window:
+        dt = _num(b["dt_s"]) or th.heartbeat_s
+        cpu = max(cpu, 100 * max(_num(b.get("cpu_s")) or 0.0, _num(b["main"].get("cpu_s")) or 0.0) / dt)
+        io, faults = max(io, (_num(b.get("io_b")) or 0.0) / dt), max(faults, _num(b.get("majflt")) or 0.0)
+        child = max(child, 100 * (_num(b.get("child_cpu_s")) or 0.0) / dt)
+        if isinstance(b.get("gpu"), dict):
+            gpu.append(b["gpu"])
+    if cpu >= CPU_BUSY_PCT:
+        busy.append("cpu")
+    if io >= IO_BUSY_BPS or faults >= MAJFLT_BUSY:
+        busy.append("io")
+    if child >= CPU_BUSY_PCT:
+        busy.append("child")
+    util = max((_num(g.get("util")) or 0.0 for g in gpu), default=None)
+    if util is not None and util >= GPU_BUSY_PCT and not in_collective:
+        busy.append("gpu")
+    parts = [f"{cpu:.0f} % CPU", _STATES.get(str(window[-1]["main"].get("state")), "state unknown")]
+    if "io" in busy:
+        parts.append(f"I/O {io / 2**20:.1f} MiB/s, {faults:.0f} page faults per beat")
+    if "child" in busy:
+        parts.append(f"child processes {child:.0f} % CPU")
+    if gpu:
+        last = gpu[-1]
+        power = _num(last.get("power_w"))
+        gpu_text = f"GPU {util:.0f} % util" + (f", {power:.0f} W" if power is not None else "")
+    else:
+        gpu_text = "no GPU figures"
+    return Doing("busy" if busy else "blocked", f"{', '.join(parts)}; {gpu_text}")
+
+
+# -- progress counters ------------------------------------------------------------------------------------
+
+_VERBS = {"shards": "loading shards", "shapes": "capturing graph shapes"}
+
+
+def progress_estimate(proc: ProcessRec, beats: list[dict[str, Any]], now: int) -> str | None:
+    """ "loading shards 41/64 at 1.8 shards/min, ~13 min left" from its open phases' progress
+    (heartbeats and ``done``/``total`` events); None when none of its open phases counts."""
+    points: list[tuple[int, float, float, str]] = []  # (t, done, total, unit)
+    open_ids = {s.span_id for s in proc.open_spans}
+    for span in proc.spans.values():
+        if span.span_id in open_ids:  # step events (shard_loaded k/N), the phase's start as step 0
+            steps = [(ev["t"], _num(ev["attrs"].get("done")), _num(ev["attrs"].get("total"))) for ev in span.events]
+            steps = [(t, done, total) for t, done, total in steps if done is not None and total]
+            if steps and steps[0][1] == 1:
+                steps.insert(0, (span.start, 0.0, steps[0][2]))
+            points += [(t, done, total, "shards") for t, done, total in steps]
+        elif span.end is not None and span.parent_id in open_ids:  # a finished step: a graph shape captured
+            done, total = _num(span.attrs.get(keys.SHAPE_INDEX)), _num(span.attrs.get(keys.CAPTURE_SHAPES))
+            if done is not None and total:
+                points.append((span.end, done, total, "shapes"))
+    for b in beats:
+        for item in b.get("phases") or ():
+            prog = item.get("progress") if isinstance(item, dict) else None
+            if not isinstance(prog, dict) or (item.get("span") not in open_ids and b is not beats[-1]):
+                continue
+            done, total = _num(prog.get("done")), _num(prog.get("total"))
+            if done is not None and total:
+                points.append((b["t"], done, total, str(prog.get("unit") or "steps")))
+    if not points:
+        return None
+    points.sort()
+    _, done, total, unit = points[-1]
+    same = [p for p in points if p[2] == total and p[3] == unit]
+    first = next((p for p in same if p[1] < done), None)
+    text = f"{_VERBS.get(unit, unit)} {done:.0f}/{total:.0f}"
+    if first is None:
+        return text
+    reached = next(p[0] for p in same if p[1] >= done)  # when it got there: the rate of whole steps
+    per_s = (done - first[1]) / max((reached - first[0]) / NS, 1e-3)
+    left = (total - done) / per_s
+    return f"{text} at {per_s * 60:.1f} {unit}/min, ~{_duration(left)} left"
+
+
+def _duration(seconds: float) -> str:
+    return (
+        f"{seconds:.0f} s"
+        if seconds < 90
+        else f"{seconds / 60:.0f} min"
+        if seconds < 5400
+        else f"{seconds / 3600:.1f} h"
+    )
+
+
+# -- the rules --------------------------------------------------------------------------------------------
+
+
+def analyze(run: RunView, now_ns: int, thresholds: Thresholds | None = None, *, notices: bool = False) -> list[Finding]:
+    """Alarms first-found order; with ``notices``, also ``busy`` and ``slow`` (not alarms)."""
+    th = thresholds or Thresholds()
+    ranks = [p for p in run.processes if p.role == "rank"]
+    active = [p for p in ranks if _initialising(p) and process_state(p) not in ("exited", "zombie")]
+    if not active:
+        return []
+    findings: list[Finding] = []
+    beats = {p.pid: _beats(run, p) for p in active}
+    silent = set()
+    for p in active:
+        age = (now_ns - _heartbeat_t(beats[p.pid], p)) / NS
+        if age >= th.silent_s:
+            silent.add(p.pid)
+            findings.append(_silent(p, age, active, now_ns, th))
+
+    by_world = {w: p for p in ranks if (w := _world_rank(p)) is not None}
+    for s in active:
+        if s.pid not in silent:
+            finding = _waited_on(run, s, beats[s.pid], active, ranks, by_world, now_ns, th)
+            if finding is not None:
+                findings.append(finding)
+    findings += _divergence(ranks)
+    findings += _rendezvous(active, ranks, now_ns, th)
+
+    stalled = [p for p in active if (now_ns - p.last_progress_t) / NS >= th.stall_s]
+    # a busy or progressing rank is not "nothing moved"; ranks waiting at the rendezvous are said so
+    explained = ("straggler", "divergence", "busy", "slow", "rendezvous")
+    if len(stalled) == len(active) and not any(f.kind in explained for f in findings):
+        quiet = min((now_ns - p.last_progress_t) / NS for p in active)
+        if quiet >= th.no_progress_s:
+            places = "; ".join(f"{p.label} {_where(p, now_ns)[1]}" for p in active)
+            first = active[0]
+            findings.append(
+                Finding(
+                    "no_progress",
+                    first.label,
+                    first.pid,
+                    _where(first, now_ns)[0],
+                    quiet,
+                    f"no progress on any rank for {quiet:.0f} s: {places}",
+                    pids=[p.pid for p in active],
+                )
+            )
+    return findings if notices else [f for f in findings if f.alarm]
+
+
+def _rendezvous(active: list[ProcessRec], ranks: list[ProcessRec], now: int, th: Thresholds) -> list[Finding]:
+    """Every rank still initialising has waited ``stall_s`` in the rendezvous: no rank here to blame
+    (the others, on other nodes, never joined, or the address is not reachable from here)."""
+    waiting = [p for p in active if (c := p.current) is not None and c.phase == RENDEZVOUS]
+    if not waiting or len(waiting) != len(active):
+        return []
+    since = min((now - (p.current.start if p.current else now)) / NS for p in waiting)
+    if since < th.stall_s:
+        return []
+    first, span = waiting[0], waiting[0].current
+    addr = str(span.attrs.get(keys.INIT_METHOD) or "?") if span else "?"
+    world = first.identity.get(keys.WORLD_SIZE) or (span.attrs.get(keys.WORLD_SIZE) if span else None)
+    nodes = {p.node for p in waiting if p.node is not None}
+    on = f" on node-{'/'.join(map(str, sorted(nodes)))}" if nodes else ""
+    labels = ", ".join(p.label for p in waiting)
+    seen = f"{len(ranks)} rank{'' if len(ranks) == 1 else 's'} seen"
+    seen = f"world size {world}, {len(ranks)} seen" if isinstance(world, int) else seen
+    return [
+        Finding(
+            "rendezvous",
+            first.label,
+            first.pid,
+            RENDEZVOUS,
+            since,
+            f"{labels}{on} {'has' if len(waiting) == 1 else 'have'} waited {since:.0f} s in '{RENDEZVOUS}' for "
+            f"the rendezvous at {addr} ({seen}): the other ranks (other nodes) have not joined, or the "
+            "address is not reachable from here",
+            pids=[p.pid for p in waiting],
+            doing="waiting for the rendezvous",
+        )
+    ]
+
+
+def _waiters(s: ProcessRec, active: list[ProcessRec], now: int, min_wait_s: float) -> dict[str, dict[str, Any]]:
+    """Peers waiting at least ``min_wait_s`` in a collective of a group ``s`` belongs to and never entered."""
+    waiting = {}
+    world = _world_rank(s)
+    for peer in active:
+        coll = peer.waiting_in
+        if peer is s or coll is None or (now - coll["t"]) / NS < min_wait_s:
+            continue
+        members = _MEMBERS.search(coll["group"])
+        if members and world is not None and str(world) not in members.group(1).split(","):
+            continue  # s is not in that group
+        if s.coll_counts.get(coll["group"], 0) < coll["seq"]:
+            waiting[peer.label] = {**coll, "node": peer.node}
+    return waiting
+
+
+def _detail(waiting: dict[str, dict[str, Any]], now: int) -> str:
+    """``tp0..tp7 on node-0 wait in barrier #5 on group 'tp:0[0..15]' since 40 s; …``"""
+    by_wait: dict[tuple[str, Any], list[str]] = {}
+    for label, coll in waiting.items():
+        by_wait.setdefault((_wait_text(coll, now), coll.get("node")), []).append(label)
+    return "; ".join(
+        f"{_labels(labels)}{'' if node is None else f' on node-{node}'} {'waits' if len(labels) == 1 else 'wait'} "
+        f"in {text}"
+        for (text, node), labels in by_wait.items()
+    )
+
+
+def _labels(labels: list[str]) -> str:
+    """``tp0..tp7, tp9`` for runs of three or more consecutive ranks; other labels as they are."""
+    out: list[str] = []
+    run: list[int] = []
+
+    def close() -> None:
+        out.extend([f"tp{run[0]}..tp{run[-1]}"] if len(run) > 2 else [f"tp{n}" for n in run])
+        run.clear()
+
+    for label in labels:
+        n = int(label[2:]) if label.startswith("tp") and label[2:].isdigit() else None
+        if n is None or (run and n != run[-1] + 1):
+            close()
+        if n is None:
+            out.append(label)
+        else:
+            run.append(n)
+    close()
+    return ", ".join(out)
+
+
+def _waited_on(
+    run: RunView,
+    s: ProcessRec,
+    beats: list[dict[str, Any]],
+    active: list[ProcessRec],
+    ranks: list[ProcessRec],
+    by_world: dict[int, ProcessRec],
+    now: int,
+    th: Thresholds,
+) -> Finding | None:
+    """The straggler / busy / slow verdict on one rank that its peers wait for (or left behind)."""
+    waiting = _waiters(s, active, now, th.blocked_bound)
+    phase, where, in_phase = _where(s, now)
+    quiet = (now - s.last_progress_t) / NS
+    left = (
+        _peers_left(s, ranks, now - int(th.blocked_bound * NS)) if phase and not waiting and quiet >= th.stall_s else []
+    )
+    if not waiting and not left:
+        return None
+    detail = _detail(waiting, now) or "peers left it: " + ", ".join(f"{p.label} ({_where(p, now)[1]})" for p in left)
+    pids = [s.pid, *(p.pid for p in active if p.label in waiting or p in left)]
+    wait_s = max((now - c["t"]) / NS for c in waiting.values()) if waiting else quiet
+    own = s.waiting_in
+    if own is not None:
+        where += f", itself in {_wait_text(own, now)}"
+    for_s = f" for {quiet:.0f} s" + (f" (in it {in_phase:.0f} s)" if in_phase and in_phase - quiet > 2 else "")
+    estimate = progress_estimate(s, beats, now)
+    if estimate is not None and quiet < th.blocked_bound:  # its counters moved just now: slow, not stuck
+        return Finding(
+            "slow",
+            s.label,
+            s.pid,
+            phase,
+            wait_s,
+            f"rank {s.label} ({s.who}) is slow, not stuck: {estimate}, {where}; {detail}",
+            waiting=_texts(waiting, now),
+            pids=pids,
+            doing=f"slow ({estimate})",
+        )
+    what = doing(beats, s.last_progress_t, now, th, own is not None)
+    if (what.state == "blocked" and waiting and min(quiet, wait_s) >= th.blocked_bound) or (
+        what.state != "busy" and quiet >= th.stall_s
+    ):
+        verdict = "is blocked" if what.state == "blocked" else "has made no progress"
+        return Finding(
+            "straggler",
+            s.label,
+            s.pid,
+            phase,
+            quiet,
+            f"rank {s.label} ({s.who}) {verdict} {where}{for_s} ({what.text}): {detail}",
+            waiting=_texts(waiting, now),
+            pids=pids,
+            doing=f"{what.state} ({what.text})",
+        )
+    if what.state == "busy" and quiet >= th.busy_bound:
+        return Finding(
+            "busy",
+            s.label,
+            s.pid,
+            phase,
+            quiet,
+            f"rank {s.label} ({s.who}) is busy, not stuck, {where}: no progress{for_s} ({what.text}): {detail}",
+            waiting=_texts(waiting, now),
+            pids=pids,
+            doing=f"busy ({what.text})",
+        )
+    return None
+
+
+def _texts(waiting: dict[str, dict[str, Any]], now: int) -> dict[str, str]:
+    return {label: _wait_text(coll, now) for label, coll in waiting.items()}
+
+
+def _silent(p: ProcessRec, age: float, active: list[ProcessRec], now: int, th: Thresholds) -> Finding:
+    phase, where, in_phase = _where(p, now)
+    state = process_state(p)
+    if state == "stopped":
+        cause = "process stopped (SIGSTOP, a debugger)"
+    elif state.startswith("unknown"):
+        cause = "GIL held or process stopped"
+    else:  # sleeping or running, yet its heartbeat thread does not run: something holds the GIL
+        cause = f"GIL held; process {state}"
+    waiting = _waiters(p, active, now, 0.0)
+    detail = f"; {_detail(waiting, now)}" if waiting else ""
+    since = f" for {in_phase:.0f} s" if in_phase is not None else ""
+    return Finding(
+        "silent",
+        p.label,
+        p.pid,
+        phase,
+        age,
+        f"rank {p.label} ({p.who}) is silent: no heartbeat for {age:.0f} s ({cause}), {where}{since}{detail}",
+        waiting=_texts(waiting, now),
+        pids=[p.pid],
+        doing=f"silent ({cause})",
+    )
+
+
+def _peers_left(s: ProcessRec, ranks: list[ProcessRec], before: int) -> list[ProcessRec]:
+    """Peers that ran ``s``'s current phase as often as ``s`` did and were out of it by ``before``:
+    a rank that waited in a phase for a slow peer leaves it just after that peer, and another node's
+    view of it lags by up to a relay interval."""
+    phase = s.current.phase if s.current else None
+    if phase is None:
+        return []
+    mine = sum(1 for span in s.open_spans if span.phase == phase) + s.ended(phase)[0]  # >= 1: it is in it
+    peers = [p for p in ranks if p is not s]
+    left = []
+    for p in peers:
+        ended, last = p.ended(phase)
+        if ended >= mine and last <= before and not any(span.phase == phase for span in p.open_spans):
+            left.append(p)
+    return left if peers and len(left) == len(peers) else []
+
+
+def _divergence(ranks: list[ProcessRec]) -> list[Finding]:
+    findings = []
+    groups = {g for p in ranks for g in p.coll_ops}
+    for group in sorted(groups):
+        members = [p for p in ranks if group in p.coll_ops]
+        common = set.intersection(*(set(p.coll_ops[group]) for p in members)) if len(members) > 1 else set()
+        for seq in sorted(common):
+            ops = {p.label: p.coll_ops[group][seq] for p in members}
+            if len({"p2p" if op in _P2P else op for op in ops.values()}) > 1:
+                shown = ", ".join(f"{label} in {op}" for label, op in ops.items())
+                first = members[0]
+                findings.append(
+                    Finding(
+                        "divergence",
+                        first.label,
+                        first.pid,
+                        None,
+                        0.0,
+                        f"ranks diverged on group '{group}' at #{seq}: {shown}",
+                        waiting={label: f"{op} #{seq} on group '{group}'" for label, op in ops.items()},
+                        pids=[p.pid for p in members],
+                    )
+                )
+                break  # the first divergence of a group is the one that matters
+    return findings

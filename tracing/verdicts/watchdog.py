@@ -1,0 +1,333 @@
+"""The watchdog: reads every rank's journal and heartbeats, names a stalled or dead rank within seconds.
+
+Runs as a thread in the launching process (from its launch until the server is ready) and as
+``phasetrace watch RUN_DIR``. On each new finding it reads the stacks of the ranks involved
+(``tracing.stacks``: only processes proven to be the traced ones), prints one line to stderr,
+writes a ``diagnosis`` record, adds an OTel event, and exports the in-flight phases as
+*incomplete* spans so Jaeger shows where each rank is. A rank process that ends before it is
+ready is named at once, with how it ended when this process is its parent (the launcher), and
+an ``exit`` record is written for it. It kills nothing, unless ``SGLANG_PHASETRACE_ABORT_AFTER_S``
+asks it to end a local launcher after a stall that long.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from .. import files, keys, process_state, procs
+from ..journal import records
+from ..reader.run import ProcessRec, RunView
+from ..recorder import metrics, otlp, runtime
+from ..redact import printable, redact_text
+from . import postmortem
+from . import stack_requests as stacks
+from .diagnose import PREFIX, VERDICT, Finding, Thresholds
+from .findings import live
+
+log = logging.getLogger("sglang_phasetrace")
+MAX_STACKS = 8
+
+
+def running(proc: ProcessRec) -> bool:
+    """The journal's process is running on this host now, as the same process (pid, start time,
+    boot): whether it is gone, not whether it may be signalled (``pinned``)."""
+    return (
+        proc.remote is None
+        and procs.same_process(proc.pid, proc.host, proc.start_ticks, proc.boot_id)
+        and procs.alive(proc.pid)
+    )
+
+
+def pinned(proc: ProcessRec) -> procs.Pinned | None:
+    """``proc`` held by a pidfd when it is proven ours, else None: read from this host's own
+    journal (never another node's report), in a run directory and journal directory of this user
+    that nobody else can write, and ``procs.pin`` (it runs now and writes that journal). Only
+    such a process is signalled, read with py-spy, or aborted. A directory that fails is said once."""
+    if proc.remote is not None:
+        return None
+    journal = Path(os.path.realpath(proc.path))
+    why = files.not_private(journal.parent.parent) or files.not_private(journal.parent)
+    if why is not None:
+        if process_state.say_once(("unproven", why)):
+            log.warning("sglang-phasetrace: nothing in this run is signalled: %s", why)
+        return None
+    return procs.pin(proc.pid, proc.host, proc.start_ticks, proc.boot_id, journal)
+
+
+class Watchdog:
+    def __init__(
+        self,
+        run_dir: Path | str,
+        thresholds: Thresholds | None = None,
+        *,
+        out: TextIO | None = None,
+        record: Callable[[dict], None] | None = None,
+        py_spy: bool = True,
+    ) -> None:
+        self.run = RunView(run_dir)
+        self.named: set[int] = set()  # pids a verdict has named
+        self.quick = False  # last words: verdict lines only
+        self.when_ranks_ready: Callable[[], None] | None = None  # called once, when every rank is ready
+        self.expect_ranks = 1  # ... and there are at least this many (a node ≥ 1 of a multi-node launch)
+        self.node: int | None = None  # that node's rank: its own ranks are the ones it waits for
+        self.crossnode: Any = None  # ``crossnode.CrossNode`` on a node of a multi-node launch
+        stacks.stack_signal()  # a bad setting is said now, once
+        self.thresholds = thresholds or Thresholds.from_env()
+        self.out = out if out is not None else sys.stderr
+        self.record = record
+        self.py_spy = py_spy
+        self.first_seen: dict[tuple, float] = {}  # finding key -> when it was reported
+        self.gone: dict[int, procs.Ended | None] = {}  # rank pid -> how it ended (None: unknown)
+        self.stop = threading.Event()
+        self.lock = threading.Lock()  # one pass at a time (the loop, and last words from a handler)
+        self.failed = False
+        self.said_root_cause = False
+        self.hints_said: set[str] = set()  # each known-fix hint once per watch, not once per rank
+        self.abort_after = _float_env(keys.ENV_ABORT_AFTER)
+        self._exporter: Any = None
+
+    def step(self, now_ns: int | None = None) -> list[Finding]:
+        """One pass: read what is new, analyze, act on findings not reported yet. Returns them."""
+        with self.lock:
+            self.run.refresh()
+            now_ns = now_ns or time.time_ns()
+            notices = self.crossnode.exchange(self.run, now_ns) if self.crossnode is not None else []
+            for notice in notices:
+                print(printable(f"{PREFIX} NOTICE {notice}"), file=self.out, flush=True)
+            local = [p for p in self.run.ranks if p.remote is None and p.node in (None, self.node)]
+            if self.when_ranks_ready is not None and len(local) >= self.expect_ranks and all(p.ready for p in local):
+                done, self.when_ranks_ready = self.when_ranks_ready, None
+                done()
+            self._look_for_exits()
+            th = self.thresholds
+            findings = [f for f, _ in live(self.run, now_ns, th, self.gone, notices=True)]
+            metrics.stalled(self.run.path, findings, [p.label for p in self.run.ranks], th.heartbeat_s)  # OTLP
+            new = [
+                f
+                for f in findings
+                if f.key not in self.first_seen and not (f.kind == "not_started" and f.pid in self.named)
+            ]  # named already as stalled
+            for finding in new:
+                self.first_seen[finding.key] = time.monotonic()
+                self.named.add(finding.pid)
+                self.act(finding)
+            self._maybe_abort(findings)
+            return new
+
+    def _look_for_exits(self) -> None:
+        """Rank processes of this host that ended before they were ready; how, where we can tell."""
+        for proc in self.run.ranks:
+            if proc.pid in self.gone or proc.ready or proc.remote is not None or proc.exit is not None:
+                continue
+            if proc.host != procs.this_host():
+                continue
+            if procs.alive(proc.pid) and (proc.start_ticks is None or running(proc)):
+                continue
+            ended = procs.child_ended(proc.pid)  # the launcher is the ranks' parent
+            self.gone[proc.pid] = ended
+            if ended is not None and self.record is not None:
+                self.record(
+                    records.exit(time.time_ns(), proc.pid, proc.host, proc.label, ended.code, ended.signal_name)
+                )
+
+    def act(self, finding: Finding) -> None:
+        finding.message = redact_text(finding.message)
+        procs_by_pid = {p.pid: p for p in self.run.processes}
+        involved = [procs_by_pid[pid] for pid in dict.fromkeys(finding.pids) if pid in procs_by_pid][:MAX_STACKS]
+        if finding.alarm and finding.kind not in ("died", "failed"):
+            finding.stacks = [] if self.quick else self.take_stacks(involved, finding)
+        word = VERDICT.get(finding.kind, "STALL") if finding.alarm else "NOTICE"
+        line = f"{PREFIX} {word} {finding.message}"
+        if finding.stacks:
+            line += f"; stacks: {', '.join(finding.stacks)}"
+        if self.record is not None:  # first: whoever saw the line finds the record in the journal
+            self.record(diagnosis_record(finding))
+        print(printable(line), file=self.out, flush=True)
+        from .hints import for_finding
+
+        for hint in (h for h in for_finding(finding, self.run) if h not in self.hints_said):
+            self.hints_said.add(hint)
+            print(printable(f"{PREFIX} {hint}"), file=self.out, flush=True)
+        if not self.quick:
+            self._export(finding, involved)
+
+    def take_stacks(self, involved: list[ProcessRec], finding: Finding) -> list[str]:
+        """Stacks of the involved processes proven to be ours: py-spy (out of process) for the rank
+        the finding names, where allowed; faulthandler on its signal for the others and as fallback."""
+        paths = []
+        for i, proc in enumerate(involved):
+            target = pinned(proc)
+            if target is None:  # another node's, a recycled pid, an old or planted journal: never signalled
+                continue
+            with target:
+                run_dir = self.run.dir_of(proc)
+                if i == 0 and self.py_spy:
+                    spy = stacks.py_spy(target, run_dir, proc.path.stem)
+                    if spy is not None:
+                        paths.append(str(spy))
+                        continue
+                reason = f"{finding.kind}: {finding.message}"
+                paths += map(str, stacks.request(target, run_dir, proc.path.stem, reason))
+        return paths
+
+    def last_words(self) -> None:
+        """Before SGLang tears the launch down (its SIGQUIT handler kills the process tree): one
+        last pass, so a rank that died is named, then the root cause. Bounded; never raises."""
+        self.quick = True  # the tree dies in a moment: no stacks, no export, just the lines
+        try:
+            if self.lock.acquire(timeout=3.0):
+                self.lock.release()
+                self.step()
+            self.say_root_cause()
+        except Exception as exc:
+            log.debug("sglang-phasetrace: last words failed: %r", exc)
+
+    def say_root_cause(self) -> None:
+        if self.said_root_cause:
+            return
+        line = postmortem.root_cause_line(self.run, self.gone)
+        if line is not None:
+            self.said_root_cause = True
+            print(printable(f"{PREFIX} {line}"), file=self.out, flush=True)
+
+    def _export(self, finding: Finding, involved: list[ProcessRec]) -> None:
+        """The finding as an OTel event, and the involved ranks' open phases as incomplete spans."""
+        rt = runtime.current()
+        root = rt.root
+        if root is not None and root.is_recording():
+            root.add_event(
+                keys.STALL_EVENT,
+                {keys.FINDING: finding.kind, keys.RANK_LABEL: finding.label, keys.MESSAGE: finding.message},
+            )
+        from ..recorder import exporters
+
+        if self._exporter is None:
+            self._exporter = exporters.processor_from_env(rt.warn) or False
+        if self._exporter:
+            from .incomplete import incomplete_spans
+
+            for proc in involved:
+                if proc.remote is not None:  # another node's: that node exports its own spans
+                    continue
+                for span in incomplete_spans(proc, time.time_ns(), finding.message):
+                    self._exporter.on_end(span)
+            otlp.flush(self._exporter, 5.0)  # bounded: a collector that does not answer holds no pass
+
+    def _maybe_abort(self, findings: list[Finding]) -> None:
+        if self.abort_after is None:
+            return
+        for f in findings:
+            if time.monotonic() - self.first_seen.get(f.key, time.monotonic()) < self.abort_after:
+                continue
+            self.abort_after = None
+            # only a launcher its own journal proves (it holds it open), pinned until signalled
+            launcher = next(filter(None, (pinned(p) for p in self.run.processes if p.role == "launcher")), None)
+            if launcher is None:
+                print(
+                    printable(
+                        f"{PREFIX} stall persisted; {keys.ENV_ABORT_AFTER} is set but no launcher of this run is "
+                        "running on this host: nothing signalled"
+                    ),
+                    file=self.out,
+                    flush=True,
+                )
+                return
+            print(
+                printable(
+                    f"{PREFIX} stall persisted {f.since_s:.0f} s; sending SIGTERM to the launcher (pid "
+                    f"{launcher.pid}) as {keys.ENV_ABORT_AFTER} asks"
+                ),
+                file=self.out,
+                flush=True,
+            )
+            launcher.send(signal.SIGTERM)
+            launcher.close()
+            return
+
+    def loop(self) -> None:
+        """Poll at the heartbeat interval until stopped; never dies of an error."""
+        while not self.stop.is_set():
+            try:
+                self.step()
+            except Exception as exc:
+                if not self.failed:
+                    self.failed = True
+                    log.warning("sglang-phasetrace: watchdog pass failed: %r", exc)
+            self.stop.wait(min(self.thresholds.heartbeat_s, 5.0))
+
+
+def diagnosis_record(finding: Finding) -> dict[str, Any]:
+    """The ``diagnosis`` journal record of a verdict (its message redacted), whoever said it."""
+    return records.diagnosis(
+        time.time_ns(),
+        finding.kind,
+        finding.label,
+        finding.pid,
+        finding.phase,
+        round(finding.since_s, 3),
+        redact_text(finding.message),
+        finding.waiting,
+        finding.stacks,
+    )
+
+
+def _float_env(name: str) -> float | None:
+    try:
+        return float(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def start_in_launcher(rt: runtime.Runtime) -> Watchdog | None:
+    """Watch this launch from the launching process until it is ready (or exits)."""
+    if os.environ.get(keys.ENV_WATCHDOG, "1") == "0" or rt.run_dir is None:
+        return None
+    os.environ[keys.ENV_LAUNCHER] = str(os.getpid())  # ranks spawned from here start tracing at import
+    dog = process_state.STATE.launcher_watchdog = Watchdog(rt.run_dir, record=rt.write)
+    rt.on_ready.append(lambda: _ready(dog))
+    atexit.register(launcher_last_words)  # a launch that ends before ready: its post-mortem
+    threading.Thread(target=dog.loop, name="phasetrace-watchdog", daemon=True).start()
+    return dog
+
+
+def _ready(dog: Watchdog) -> None:
+    """The launcher is ready: the watchdog stops; a node of a multi-node launch sends its last word."""
+    dog.stop.set()
+    if dog.crossnode is not None:
+        dog.crossnode.finish()
+
+
+def launcher_last_words() -> list[int]:
+    """Called as SGLang starts tearing the launch down (``tracing.phases``): name who ended first.
+    Returns the pids of this host's ranks still running then (they end in the teardown)."""
+    dog = process_state.STATE.launcher_watchdog
+    if dog is None or dog.stop.is_set():
+        return []
+    dog.stop.set()
+    # SGLang's teardown is already under way (its SIGQUIT handler called us): a second failing child's
+    # SIGQUIT would re-enter that handler and kill the tree mid-sentence. Ignored for these few
+    # milliseconds, then SGLang's handler is back and goes on to kill the tree as it would have.
+    previous = None
+    with contextlib.suppress(ValueError, OSError):  # not the main thread: nothing to hold off
+        if callable(signal.getsignal(signal.SIGQUIT)):  # a Python handler (SGLang's): restorable
+            previous = signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+    try:
+        dog.last_words()
+        return [p.pid for p in dog.run.ranks if not p.ready and p.pid not in dog.gone and running(p)]
+    except Exception as exc:
+        log.debug("sglang-phasetrace: last words failed: %r", exc)
+        return []
+    finally:
+        if previous is not None:
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(signal.SIGQUIT, previous)
