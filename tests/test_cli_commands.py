@@ -147,12 +147,10 @@ def test_watch_on_a_run_directory_it_cannot_write_watches_without_recording(
     run = tmp_path / "run"
     shutil.copytree(runs["stalled"].path, run)
     if os.geteuid() == 0:  # root writes anywhere: the file system says no instead
-        from sglang_phasetrace.tracing.cli import watch
-
         def read_only(path: Path) -> None:
             raise OSError(errno.EROFS, "Read-only file system", str(path))
 
-        monkeypatch.setattr(watch, "JournalWriter", read_only)
+        monkeypatch.setattr(command_module, "JournalWriter", read_only)
     else:
         (run / "journal").chmod(0o500)
     try:

@@ -730,7 +730,7 @@ def test_generator_hooks_report_progress_and_events(run_dir, make_module):
     engine.apply_module(mod.__name__)
     gen = mod.weights(3)
     next(gen)
-    [(_, progress)] = [(s, p) for s, p in runtime.current().open.snapshot() if s.name == name]
+    [(_, progress)] = [(s, p) for s, p in runtime.current().open.listed() if s.name == name]
     assert progress == {"done": 1, "total": 3}  # heartbeats read it from here
     list(gen)
     (span,) = spans(run_dir, name)

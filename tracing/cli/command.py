@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import stat
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -14,7 +16,10 @@ from typing import TYPE_CHECKING, Protocol
 from rich.console import Console
 from rich.text import Text
 
+from .. import files, procs
+from ..journal import records
 from ..journal.layout import JOURNAL_DIR
+from ..journal.writer import JournalWriter
 from ..reader.load import load_run
 from ..reader.run import RunView
 from ..redact import printable
@@ -148,8 +153,6 @@ def write_file(path: Path, write: Callable[[int], None]) -> None:
     fresh 0600 file beside ``path`` renamed onto it (a link there is replaced, not written through);
     missing directories made 0700, an existing one used as the user chose it. ``CommandError``
     naming the path if that fails."""
-    from .. import files
-
     try:
         if not os.path.isdir(path.parent):
             files.private_dir(path.parent)
@@ -175,3 +178,37 @@ def print_lines(console: Console, lines: Iterable[Text]) -> None:
         return
     console.file.write("".join(f"{line.plain}\n" for line in lines))
     console.file.flush()
+
+
+def own_journal(run_dir: Path, prefix: str, label: str, run_id: str) -> JournalWriter:
+    """A journal of this CLI process in the run, for the verdicts it says (``diagnosis`` records):
+    ``journal/<prefix>-HOST-PID.jsonl`` created new in the checked journal directory (``-2``… when
+    taken), never a file this process did not make, and removed again when it cannot be written.
+    ``OSError`` (naming the file) when the run directory cannot be written: read-only, another user's."""
+    host, pid = procs.this_host(), os.getpid()
+    path = run_dir / JOURNAL_DIR / f"{prefix}-{host}-{pid}.jsonl"
+    try:
+        dir_fd = files.open_dir(path.parent)
+        try:
+            fd, name = files.create_new(dir_fd, path.name)
+            os.close(fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        exc.filename = exc.filename or str(path)
+        raise
+    path, writer = path.with_name(name), None
+    try:
+        writer = JournalWriter(path)
+        writer.write_or_raise(
+            records.process(time.time_ns(), pid, os.getppid(), host, run_id, None, {}, **procs.fingerprint())
+        )
+    except OSError as exc:
+        if writer is not None:
+            writer.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # empty: no half-made process for readers
+        exc.filename = exc.filename or str(path)
+        raise
+    writer.write(records.identity(time.time_ns(), label, "watchdog", {}))
+    return writer

@@ -21,9 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import files, keys, procs
-from ..journal import records
-from ..journal.layout import JOURNAL_DIR
+from .. import files, keys
 from ..journal.writer import JournalWriter
 from ..reader.run import RunView
 from ..redact import printable
@@ -35,7 +33,7 @@ from ..verdicts import hints, postmortem
 from ..verdicts.diagnose import Finding
 from ..verdicts.findings import ENDED, alarms, by_process, findings, gone_ranks, recorded, running
 from ..verdicts.watchdog import PREFIX, diagnosis_record
-from .command import CommandError, report_problems, where
+from .command import CommandError, own_journal, report_problems, where
 from .env import hooks_dir
 from .export import export_file
 from .report import write_report
@@ -372,21 +370,13 @@ Returns the command's exit code.
         one: the report and later readers keep the verdict once the ranks are gone, and nobody
         says it again. A run directory we cannot write: said once, the verdict is printed anyway."""
         if self.journal is None and not self.journal_failed:
-            host, pid = procs.this_host(), os.getpid()
-            path = view.path / JOURNAL_DIR / f"run-{host}-{pid}.jsonl"
             try:
-                self.journal = JournalWriter(path)
-                self.journal.write_or_raise(
-                    records.process(
-                        time.time_ns(), pid, os.getppid(), host, view.run_id, None, {}, **procs.fingerprint()
-                    )
-                )
-                self.journal.write(records.identity(time.time_ns(), "phasetrace-run", "watchdog", {}))
+                self.journal = own_journal(view.path, "run", "phasetrace-run", view.run_id)
             except OSError as exc:
                 self.journal_failed = True
                 print(
                     printable(
-                        f"phasetrace: cannot record verdicts in {path} ({exc.strerror or exc}); "
+                        f"phasetrace: cannot record verdicts in {exc.filename} ({exc.strerror or exc}); "
                         "they are printed here only"
                     ),
                     file=sys.stderr,

@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import socket
 import sys
 import time
 from pathlib import Path
 
 from .. import files
-from ..journal import records
 from ..journal.layout import JOURNAL_DIR
 from ..journal.writer import JournalWriter
 from ..redact import printable
 from ..verdicts.diagnose import Thresholds
 from ..verdicts.watchdog import Watchdog
-from .command import EXIT_STALLED, CommandError, check_run_dir, report_problems
+from .command import EXIT_STALLED, CommandError, check_run_dir, own_journal, report_problems
 
 
 class Watch:
@@ -112,38 +109,14 @@ def refuse_unsafe(run_dir: Path) -> None:
 def open_journal(run_dir: Path) -> JournalWriter | None:
     """This watch's own journal in the run (its diagnoses), or None with one warning when the run
     directory cannot be written (read-only, another user's): the watch then only prints."""
-    host, pid = socket.gethostname(), os.getpid()
-    path = run_dir / JOURNAL_DIR / f"watch-{host}-{pid}.jsonl"
-    writer, made = None, False
     try:
-        path = path.with_name(_create(path))  # a new file: never one this watch did not make
-        made = True
-        writer = JournalWriter(path)
-        writer.write_or_raise(records.process(time.time_ns(), pid, os.getppid(), host, run_dir.name, None, {}))
+        return own_journal(run_dir, "watch", "watch", run_dir.name)
     except OSError as exc:
-        if writer is not None:
-            writer.close()
-        if made:
-            with contextlib.suppress(OSError):
-                os.unlink(path)  # empty: no half-made process for readers
         print(
             printable(
-                f"phasetrace watch: cannot write {path} ({exc.strerror or exc}); watching without recording: "
+                f"phasetrace watch: cannot write {exc.filename} ({exc.strerror or exc}); watching without recording: "
                 "findings are printed here only"
             ),
             file=sys.stderr,
         )
         return None
-    writer.write(records.identity(time.time_ns(), "watch", "watchdog", {}))
-    return writer
-
-
-def _create(path: Path) -> str:
-    """Make ``path`` new and empty in its checked directory (or ``name-2``… if taken); its name."""
-    dir_fd = files.open_dir(path.parent)
-    try:
-        fd, name = files.create_new(dir_fd, path.name)
-        os.close(fd)
-        return name
-    finally:
-        os.close(dir_fd)

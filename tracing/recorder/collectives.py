@@ -35,7 +35,7 @@ class Collectives:
                 del self.current[threading.get_ident()]
         return time.time_ns()
 
-    def snapshot(self, now: int) -> tuple[dict[str, Any] | None, dict[str, int]]:
+    def in_flight(self, now: int) -> tuple[dict[str, Any] | None, dict[str, int]]:
         """The oldest collective any thread is in (with its age), and per-group counts."""
         with self.lock:
             entries = sorted(self.current.values(), key=lambda e: e["t"])
@@ -76,5 +76,5 @@ def exit(entry: dict[str, Any]) -> None:
 
 
 def _current_span(rt: runtime.Runtime) -> str | None:
-    spans = rt.open.snapshot()
+    spans = rt.open.listed()
     return runtime.hexid(spans[-1][0].get_span_context().span_id) if spans else None

@@ -51,7 +51,7 @@ class Heartbeat:
         now = time.time_ns()
         self.seq += 1
         phases = []
-        for span, progress in self.rt.open.snapshot():
+        for span, progress in self.rt.open.listed():
             item: dict[str, Any] = {
                 "span": runtime.hexid(span.get_span_context().span_id),
                 "name": span.name,
@@ -62,7 +62,7 @@ class Heartbeat:
                 item["progress"] = progress
             phases.append(item)
         cpu = self._cpu()
-        current, counts = collectives.state().snapshot(now)
+        current, counts = collectives.state().in_flight(now)
         ident = self.rt.identity
         record = records.heartbeat(
             now,

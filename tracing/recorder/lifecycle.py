@@ -22,7 +22,7 @@ log = logging.getLogger("sglang_phasetrace")
 
 
 def end_open_phases(rt: runtime.Runtime, reason: str) -> int:
-    spans = rt.open.snapshot()
+    spans = rt.open.listed()
     for span, _ in reversed(spans):  # innermost first
         runtime.end_incomplete(span, reason)
     return len(spans)

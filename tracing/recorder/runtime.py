@@ -109,7 +109,8 @@ class OpenPhases:
             self.spans.pop(sid, None)
             self.progress.pop(sid, None)
 
-    def snapshot(self) -> list[tuple[Span, dict[str, Any]]]:
+    def listed(self) -> list[tuple[Span, dict[str, Any]]]:
+        """The open phases, outermost first, each with a copy of its latest progress."""
         with self.lock:
             return [(s, dict(self.progress.get(sid, {}))) for sid, s in self.spans.items()]
 

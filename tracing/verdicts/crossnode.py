@@ -82,9 +82,7 @@ def snapshot(view: RunView, node: int, seq: int, now: int) -> Snapshot:
                 p.host,
                 view.run_id,
                 p.boot_t,
-                {},
-                start_ticks=p.start_ticks,
-                boot_id=p.boot_id,
+                {},  # no start ticks nor boot id: node 0 never proves (or signals) another node's process
             ),
             records.identity(p.last_t, p.label, p.role, p.identity),
         ]

@@ -119,7 +119,7 @@ def this_host() -> str:
     return socket.gethostname()
 
 
-def process_state(proc: ProcessRec) -> str:
+def os_state(proc: ProcessRec) -> str:
     """``running``, ``sleeping``, ``disk-sleep``, ``stopped``, ``zombie``, ``exited`` or ``unknown``."""
     if proc.host != this_host():
         return "unknown (other host)"
@@ -294,7 +294,7 @@ def analyze(run: RunView, now_ns: int, thresholds: Thresholds | None = None, *, 
     """Alarms first-found order; with ``notices``, also ``busy`` and ``slow`` (not alarms)."""
     th = thresholds or Thresholds()
     ranks = [p for p in run.processes if p.role == "rank"]
-    active = [p for p in ranks if _initialising(p) and process_state(p) not in ("exited", "zombie")]
+    active = [p for p in ranks if _initialising(p) and os_state(p) not in ("exited", "zombie")]
     if not active:
         return []
     findings: list[Finding] = []
@@ -495,7 +495,7 @@ def _texts(waiting: dict[str, dict[str, Any]], now: int) -> dict[str, str]:
 
 def _silent(p: ProcessRec, age: float, active: list[ProcessRec], now: int, th: Thresholds) -> Finding:
     phase, where, in_phase = _where(p, now)
-    state = process_state(p)
+    state = os_state(p)
     if state == "stopped":
         cause = "process stopped (SIGSTOP, a debugger)"
     elif state.startswith("unknown"):

@@ -41,7 +41,7 @@ from ..redact import redact_text
 log = logging.getLogger("sglang_phasetrace")
 
 
-def proc_snapshot(pid: int) -> str:
+def thread_states(pid: int) -> str:
     """Each thread's name, state and kernel wait channel from ``/proc``: read from outside, no signal."""
     lines = []
     try:
@@ -82,7 +82,7 @@ def request(target: procs.Pinned, run_dir: Path, stem: str, reason: str, wait_s:
         marker = _size(dir_fd, own)
         header = (
             f"=== stacks of pid {pid} requested at {time.strftime('%Y-%m-%d %H:%M:%S')}: {redact_text(reason)} ===\n"
-            f"{proc_snapshot(pid)}\n"
+            f"{thread_states(pid)}\n"
         )
         armed = marker is not None and procs.catches(pid, sig)
         if armed:
