@@ -1,4 +1,5 @@
-"""Model runner steps (target and every draft runner): construction, weights, KV pool, attention."""
+"""Model runner steps (target and every draft runner): construction, weights, KV pool, attention;
+and the forward passes of the server's warm-up (between a rank's own init and serving)."""
 
 from __future__ import annotations
 
@@ -144,6 +145,18 @@ def _attention(call: Call, result: Any) -> dict[str, Any]:
     return {"sglang.attention_backend": class_name(read(call.instance, "attn_backend"))}
 
 
+def _forward(call: Call) -> dict[str, Any]:
+    """Which pass: the batch's forward mode (the enum's name) and size, host-side fields read
+    as they are (no tensor touched, so no device sync); which runner (target or draft)."""
+    batch = call.arg("forward_batch")
+    mode, size = read(batch, "forward_mode"), read(batch, "batch_size")
+    return {
+        keys.FORWARD_MODE: mode.name.lower() if isinstance(getattr(mode, "name", None), str) else None,
+        keys.BATCH_SIZE: size if type(size) is int else None,
+        **draft_attrs(call.instance),
+    }
+
+
 PHASES = (
     Phase("model_runner.init", (f"{MR}:ModelRunner.__init__",), enter=_runner, required=True),
     Phase("model.load_weights", (f"{MR}:ModelRunner.load_model",), enter=_on_runner, exit=_loaded, required=True),
@@ -172,4 +185,7 @@ PHASES = (
         exit=_attention,
         required=True,
     ),
+    # The warm-up request's passes (``launch_server``): the start is not over until the launch serves.
+    # Traced only then (``tracing.phases``: kind ``warmup``); off with the hot-path patches at serving.
+    Phase(keys.PHASE_WARMUP, (f"{MR}:ModelRunner.forward",), kind="warmup", enter=_forward, init_only=True),
 )

@@ -7,17 +7,19 @@ The launch root span starts at process start and ends when the server is ready: 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from typing import Any
 
 from ..tracing import keys
-from ._attrs import server_args_attrs
+from ._attrs import server_args_attrs, server_args_json
 from .spec import Call, Phase, Report
 
 ENGINE = "sglang.srt.entrypoints.engine"
 HTTP = "sglang.srt.entrypoints.http_server"
 READY_MESSAGE = "The server is fired up and ready to roll!"
+CONFIG_MAX = 4 << 20  # bytes of a model's config.json hashed (a real one is a few KiB)
 
 
 class _ReadyFilter(logging.Filter):
@@ -47,6 +49,34 @@ def _ready_seen(call: Call, result: Any) -> Report:
 
 def _launch_args(call: Call) -> dict[str, Any]:
     return server_args_attrs(call.arg("server_args"))
+
+
+def _subprocess_args(call: Call) -> dict[str, Any]:
+    """The server arguments as the launch starts its ranks, so a reader knows what was launched from
+    the start (``Engine.__init__`` has them on its root only when it returns), and a hash of the
+    model's config.json read here, where a relative model path resolves: the history's launch
+    fingerprint (``tracing.history``), the same whoever reads the run and from where."""
+    server_args = call.arg("server_args")
+    if server_args is None:
+        return {}
+    return {
+        keys.SERVER_ARGS: server_args_json(server_args),
+        keys.MODEL_CONFIG: _config_hash(getattr(server_args, "model_path", None)),
+        keys.DRAFT_MODEL_CONFIG: _config_hash(getattr(server_args, "speculative_draft_model_path", None)),
+    }
+
+
+def _config_hash(path: Any) -> str | None:
+    """16 hex digits of the SHA-256 of ``config.json`` in a local model directory (a few KiB, read
+    once per launch); None for a hub id, an unreadable or an oversized file."""
+    if not isinstance(path, str) or not path:
+        return None
+    try:
+        with open(os.path.join(path, "config.json"), "rb") as f:
+            data = f.read(CONFIG_MAX + 1)
+    except (OSError, ValueError):
+        return None
+    return None if len(data) > CONFIG_MAX else hashlib.sha256(data).hexdigest()[:16]
 
 
 def _engine_args(call: Call, result: Any) -> dict[str, Any]:
@@ -79,6 +109,7 @@ PHASES = (
     Phase(
         "launch.subprocesses",
         (f"{ENGINE}:Engine._launch_subprocesses", f"{ENGINE}:_launch_subprocesses", "sglang.srt.server:launch_engine"),
+        enter=_subprocess_args,
     ),
     Phase("launch.wait_ranks", (f"{ENGINE}:_wait_for_scheduler_ready",)),
     Phase("launch.dp_controller", ("sglang.srt.managers.data_parallel_controller:DataParallelController.__init__",)),

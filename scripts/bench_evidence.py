@@ -77,7 +77,7 @@ def _start(code: str) -> subprocess.Popen:
 
 def _stop(*procs: subprocess.Popen) -> None:
     for proc in procs:
-        for child in evidence._child_pids(proc.pid, [64]):
+        for child in evidence.children.child_pids(proc.pid, [64]):
             with contextlib.suppress(OSError):
                 os.kill(child, 9)
     time.sleep(0.1)

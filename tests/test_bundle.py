@@ -19,6 +19,7 @@ import pytest
 from cli_fixtures import HOST, STALL_PHASE, build_run
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.cli.bundle import TOP
+from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.redact import REDACTED
 from test_secret_corpus import CORPUS
 
@@ -31,47 +32,25 @@ PER_RUN = {"diagnosis.txt", "phases.md", "report.html", "server-args.json", "tim
 def plant_secrets(run: Path, pid: int) -> None:
     """The corpus in every place a journal, a status file and a stack dump can hold text."""
     journal = run / "journal" / f"{HOST}-{pid}.jsonl"
-    records = [json.loads(x) for x in journal.read_text().splitlines() if x.strip().startswith("{") and x.endswith("}")]
-    t = records[-1]["t"]
+    written = [json.loads(x) for x in journal.read_text().splitlines() if x.strip().startswith("{") and x.endswith("}")]
+    t = written[-1]["t"]
     args = {"model_path": "/models/m", "api_key": SECRETS[0], "notes": TEXTS[:20], "tp_size": 2}
-    root = next(r["span"] for r in records if r["kind"] == "begin" and r.get("parent") is not None)
+    root = next(r["span"] for r in written if r["kind"] == "begin" and r.get("parent") is not None)
+    span = "feedfeedfeedfeed"
+    attrs = {
+        "sglang.phase": "model.load_weights",
+        "sglang.server_args": json.dumps(args),
+        "sglang.note": " | ".join(TEXTS[20:40]),
+    }
+    error = records.error("RuntimeError", "\n".join(TEXTS[50:]), "\n".join(TEXTS))
+    message = "tp0 stalled; " + " ".join(TEXTS[:10])
+    # records as our writers make them, holding the corpus unredacted (as one written by hand or another version may)
     planted = [
-        {
-            "kind": "begin",
-            "t": t,
-            "span": "feedfeedfeedfeed",
-            "parent": root,
-            "trace": "a" * 32,
-            "name": "model.load_weights",
-            "thread": "MainThread",
-            "attrs": {
-                "sglang.phase": "model.load_weights",
-                "sglang.server_args": json.dumps(args),
-                "sglang.note": " | ".join(TEXTS[20:40]),
-            },
-        },
-        {"kind": "event", "t": t, "span": "feedfeedfeedfeed", "name": "shard_loaded", "attrs": {"why": TEXTS[40]}},
-        {"kind": "warning", "t": t, "message": "\n".join(TEXTS[41:50])},
-        {
-            "kind": "end",
-            "t": t + 1,
-            "span": "feedfeedfeedfeed",
-            "status": "error",
-            "attrs": {},
-            "error": {"type": "RuntimeError", "message": "\n".join(TEXTS[50:]), "stack": "\n".join(TEXTS)},
-        },
-        {
-            "kind": "diagnosis",
-            "t": t + 2,
-            "finding": "straggler",
-            "label": "tp0",
-            "pid": pid,
-            "phase": STALL_PHASE,
-            "since_s": 9.0,
-            "waiting": {},
-            "stacks": [],
-            "message": "tp0 stalled; " + " ".join(TEXTS[:10]),
-        },
+        records.begin(t, span, root, "a" * 32, "model.load_weights", attrs, "MainThread"),
+        records.event(t, span, "shard_loaded", {"why": TEXTS[40]}),
+        records.warning(t, "\n".join(TEXTS[41:50])),
+        records.end(t + 1, span, "error", {}, error),
+        records.diagnosis(t + 2, "straggler", "tp0", pid, STALL_PHASE, 9.0, message, {}, []),
     ]
     torn = '{"kind":"event","t":1,"span":"' + " ".join(TEXTS[10:30])  # cut by kill -9
     with journal.open("a") as f:
@@ -238,7 +217,7 @@ def test_a_huge_journal_and_deep_json_are_bounded_not_fatal(tmp_path: Path, monk
     journal = run.path / "journal" / f"{HOST}-2000.jsonl"
     t = json.loads(journal.read_text().splitlines()[-1])["t"]
     attrs = {"sglang.phase": "x", "sglang.server_args": deep}
-    begin = {"kind": "begin", "t": t, "span": "feedfeedfeedfeed", "trace": "a" * 32, "name": "x", "attrs": attrs}
+    begin = records.begin(t, "feedfeedfeedfeed", None, "a" * 32, "x", attrs, "MainThread")
     with journal.open("a") as f:
         f.write(json.dumps(begin) + "\n")
     out = tmp_path / "big.tar.gz"

@@ -147,6 +147,7 @@ def test_watch_on_a_run_directory_it_cannot_write_watches_without_recording(
     run = tmp_path / "run"
     shutil.copytree(runs["stalled"].path, run)
     if os.geteuid() == 0:  # root writes anywhere: the file system says no instead
+
         def read_only(path: Path) -> None:
             raise OSError(errno.EROFS, "Read-only file system", str(path))
 
@@ -488,7 +489,7 @@ def test_status_verdict_from_analysis_without_diagnosis_record(
     run = runs["ok"]
     seen = []
 
-    def analyze(view, now_ns, thresholds, notices=False):
+    def analyze(view, now_ns, thresholds, notices=False, read=None):
         seen.append(now_ns)
         return [Finding("silent", "tp2", run.pids["tp2"], "kv_cache.alloc", 42.0, "no heartbeat for 42 s")]
 

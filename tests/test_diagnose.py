@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.keys import ENV_ABORT_AFTER
 from sglang_phasetrace.tracing.reader import load
 from sglang_phasetrace.tracing.reader.run import RunView
@@ -28,72 +29,61 @@ TH = Thresholds(heartbeat_s=5, silent_s=15, stall_s=30, no_progress_s=120)
 
 
 class Rank:
-    def __init__(self, run: Path, world: int, members: str = "0,1,2") -> None:
+    def __init__(self, run: Path, world: int, members: str = "0,1,2", start: int = NOW - 300 * S) -> None:
         self.world, self.members = world, members
-        self.path = run / "journal" / f"other-{100 + world}.jsonl"
+        self.pid, self.label = 100 + world, f"tp{world}"
+        self.path = run / "journal" / f"other-{self.pid}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.records: list[dict] = [
-            {"kind": "process", "t": NOW - 300 * S, "pid": 100 + world, "host": "other", "resource": {}},
-            {
-                "kind": "identity",
-                "t": NOW - 300 * S,
-                "label": f"tp{world}",
-                "role": "rank",
-                "attrs": {"sglang.world_rank": world, "sglang.tp_rank": world},
-            },
-            {
-                "kind": "begin",
-                "t": NOW - 300 * S,
-                "span": f"{world}000000000000001",
-                "parent": None,
-                "trace": "a" * 32,
-                "name": f"rank tp{world}",
-                "attrs": {"sglang.phase": "rank"},
-            },
+            records.process(start, self.pid, None, "other", run.name, None, {}),
+            records.identity(start, self.label, "rank", {"sglang.world_rank": world, "sglang.tp_rank": world}),
+            records.begin(start, self.root, None, "a" * 32, f"rank tp{world}", {"sglang.phase": "rank"}, "MainThread"),
         ]
         self.n = 1
 
-    def phase(self, name: str, begin_ago: float, end_ago: float | None = None) -> Rank:
+    @property
+    def root(self) -> str:
+        return f"{self.world}000000000000001"
+
+    def span(self, name: str, t: int) -> str:
+        """Begin a phase under the rank's root at ``t``; returns its span id."""
         self.n += 1
         span = f"{self.world}{self.n:015d}"
-        self.records.append(
-            {
-                "kind": "begin",
-                "t": NOW - int(begin_ago * S),
-                "span": span,
-                "parent": f"{self.world}000000000000001",
-                "trace": "a" * 32,
-                "name": name,
-                "attrs": {"sglang.phase": name},
-            }
-        )
+        self.records.append(records.begin(t, span, self.root, "a" * 32, name, {"sglang.phase": name}, "MainThread"))
+        return span
+
+    def phase(self, name: str, begin_ago: float, end_ago: float | None = None) -> Rank:
+        span = self.span(name, NOW - int(begin_ago * S))
         if end_ago is not None:
-            self.records.append({"kind": "end", "t": NOW - int(end_ago * S), "span": span, "status": "ok", "attrs": {}})
+            self.records.append(records.end(NOW - int(end_ago * S), span, "ok", {}))
         return self
 
     def collective(
         self, op: str, seq: int, ago: float, group: str | None = None, left_ago: float | None = None
     ) -> Rank:
         group = group or f"tp:0[{self.members}]"
-        self.records.append(
-            {"kind": "collective", "t": NOW - int(ago * S), "edge": "enter", "op": op, "group": group, "seq": seq}
-        )
+        self.records.append(records.collective(NOW - int(ago * S), "enter", op, group, seq))
         if left_ago is not None:
-            self.records.append(
-                {
-                    "kind": "collective",
-                    "t": NOW - int(left_ago * S),
-                    "edge": "exit",
-                    "op": op,
-                    "group": group,
-                    "seq": seq,
-                }
-            )
+            self.records.append(records.collective(NOW - int(left_ago * S), "exit", op, group, seq))
         return self
+
+    def beat(
+        self,
+        t: int,
+        seq: int,
+        phases: list[dict],
+        *,
+        interval_s: float = TH.heartbeat_s,
+        cpu_s: float = 0.0,
+        **activity,
+    ) -> dict:
+        """A heartbeat as the rank's heartbeat thread writes it while it initialises; ``activity``: the
+        optional figures (``dt_s``, ``main`` …), left out as a writer that cannot tell leaves them out."""
+        return records.heartbeat(t, seq, self.pid, self.label, False, interval_s, phases, cpu_s, 0, 1, **activity)
 
     def heartbeat(self, ago: float, progress: dict | None = None) -> Rank:
         phases = [{"span": "x", "phase": "p", "progress": progress}] if progress else []
-        self.records.append({"kind": "heartbeat", "t": NOW - int(ago * S), "seq": len(self.records), "phases": phases})
+        self.records.append(self.beat(NOW - int(ago * S), len(self.records), phases))
         return self
 
     def write(self) -> None:
@@ -209,7 +199,7 @@ def test_no_progress_anywhere(tmp_path: Path) -> None:
 
 def test_ready_ranks_are_never_reported(tmp_path: Path) -> None:
     r0 = Rank(tmp_path, 0).phase("graph.capture", 300, 290)
-    r0.records.append({"kind": "end", "t": NOW - 280 * S, "span": "0000000000000001", "status": "ok", "attrs": {}})
+    r0.records.append(records.end(NOW - 280 * S, r0.root, "ok", {}))
     assert findings(tmp_path, r0) == []
 
 
@@ -222,11 +212,11 @@ def test_the_watchdog_kills_nothing_unless_abort_after_is_asked(tmp_path: Path, 
     holds = (
         "import json, os, socket, sys, time\n"
         "from sglang_phasetrace.tracing import procs\n"
-        "pid = os.getpid()\n"
+        "from sglang_phasetrace.tracing.journal import records\n"
+        "pid, t = os.getpid(), int(sys.argv[2])\n"
         "fd = os.open(f'{sys.argv[1]}/{socket.gethostname()}-{pid}.jsonl', os.O_WRONLY | os.O_CREAT, 0o600)\n"
-        "recs = [dict(kind='process', t=int(sys.argv[2]), pid=pid, host=socket.gethostname(), resource={},"
-        " **procs.fingerprint()), dict(kind='identity', t=int(sys.argv[2]), label='launcher', role='launcher',"
-        " attrs={})]\n"
+        "recs = [records.process(t, pid, os.getppid(), socket.gethostname(), 'run', None, {}, **procs.fingerprint()),"
+        " records.identity(t, 'launcher', 'launcher', {})]\n"
         "os.write(fd, ''.join(json.dumps(r) + '\\n' for r in recs).encode())\n"
         "print('ready', flush=True)\n"
         "time.sleep(120)\n"
@@ -254,45 +244,35 @@ DEFAULTS = Thresholds()
 T0 = NOW - 400 * S  # the timelines below start here; the stall (or the slow phase) begins at T0 + 100 s
 
 
+def at(t: float) -> int:
+    """The time ``t`` seconds into a timeline, in ns."""
+    return T0 + int(t * S)
+
+
 class Timeline:
     """Ranks on a clock: records at absolute times, analysed at any moment with only what was written by then."""
 
     def __init__(self, run: Path, world: int = 2) -> None:
         self.run = run
-        self.ranks = [Rank(run, w, ",".join(str(i) for i in range(world))) for w in range(world)]
-        for rank in self.ranks:
-            rank.records = [{**r, "t": T0} for r in rank.records]
+        self.ranks = [Rank(run, w, ",".join(str(i) for i in range(world)), start=T0) for w in range(world)]
 
-    def at(self, world: int, t: float, record: dict) -> None:
-        self.ranks[world].records.append({**record, "t": T0 + int(t * S)})
+    def at(self, world: int, record: dict) -> None:
+        self.ranks[world].records.append(record)
 
     def phase(self, world: int, name: str, begin: float, end: float | None = None) -> str:
         rank = self.ranks[world]
-        rank.n += 1
-        span = f"{world}{rank.n:015d}"
-        self.at(
-            world,
-            begin,
-            {
-                "kind": "begin",
-                "span": span,
-                "parent": f"{world}000000000000001",
-                "trace": "a" * 32,
-                "name": name,
-                "attrs": {"sglang.phase": name},
-            },
-        )
+        span = rank.span(name, at(begin))
         if end is not None:
-            self.at(world, end, {"kind": "end", "span": span, "status": "ok", "attrs": {}})
+            self.at(world, records.end(at(end), span, "ok", {}))
         return span
 
     def collective(
         self, world: int, op: str, seq: int, enter: float, leave: float | None = None, group: str | None = None
     ) -> None:
         group = group or f"tp:0[{self.ranks[world].members}]"
-        self.at(world, enter, {"kind": "collective", "edge": "enter", "op": op, "group": group, "seq": seq})
+        self.at(world, records.collective(at(enter), "enter", op, group, seq))
         if leave is not None:
-            self.at(world, leave, {"kind": "collective", "edge": "exit", "op": op, "group": group, "seq": seq})
+            self.at(world, records.collective(at(leave), "exit", op, group, seq))
 
     def beats(
         self,
@@ -310,23 +290,24 @@ class Timeline:
         """Heartbeats every 2 s with these figures; ``progress(t)`` gives a phase progress dict."""
         t, dt = start, DEFAULTS.heartbeat_s
         while t < stop:
-            beat = {
-                "kind": "heartbeat",
-                "seq": int(t * 10),
-                "interval_s": dt,
-                "dt_s": dt,
-                "cpu_s": cpu_pct / 100 * dt,
-                "main": {"state": state, "cpu_s": cpu_pct / 100 * dt},
-                "io_b": int(io_bps * dt),
-                "majflt": 0,
-                "child_cpu_s": 0.0,
-                "phases": [],
-            }
-            if gpu_util is not None:
-                beat["gpu"] = {"util": gpu_util, "power_w": 300.0 if gpu_util else 90.0}
-            if progress is not None:
-                beat["phases"] = [{"span": span, "phase": "model.weights_iterator", "progress": progress(t)}]
-            self.at(world, t, beat)
+            phases = (
+                [] if progress is None else [{"span": span, "phase": "model.weights_iterator", "progress": progress(t)}]
+            )
+            gpu = None if gpu_util is None else {"util": gpu_util, "power_w": 300.0 if gpu_util else 90.0}
+            beat = self.ranks[world].beat(
+                at(t),
+                int(t * 10),
+                phases,
+                interval_s=dt,
+                cpu_s=cpu_pct / 100 * dt,
+                dt_s=dt,
+                main={"state": state, "cpu_s": cpu_pct / 100 * dt},
+                io_b=int(io_bps * dt),
+                majflt=0,
+                child_cpu_s=0.0,
+                gpu=gpu,
+            )
+            self.at(world, beat)
             t += dt
 
     def analyze(self, t: float, notices: bool = False) -> list:
@@ -420,9 +401,7 @@ def test_slow_rank_with_moving_counters_gets_an_estimate_never_a_stall(tmp_path:
     span = tl.phase(1, "model.weights_iterator", 11)
     shards = lambda t: {"done": int((t - 11) / 33), "total": 64, "unit": "shards", "tensors": int(t - 11)}  # noqa: E731
     for k in range(1, 12):  # the shard_loaded events the weights iterator journals
-        tl.at(
-            1, 11 + 33 * k, {"kind": "event", "span": span, "name": "shard_loaded", "attrs": {"done": k, "total": 64}}
-        )
+        tl.at(1, records.event(at(11 + 33 * k), span, "shard_loaded", {"done": k, "total": 64}))
     tl.beats(0, 1, 400)
     tl.beats(1, 1, 400, cpu_pct=2, state="D", progress=shards, span=span)  # a shard every 33 s, a tensor a second
     assert tl.first(12, 398)[1] == []  # never an alarm
@@ -464,15 +443,15 @@ def test_a_healthy_tp2_start_replayed_beat_by_beat_raises_nothing(engine_run, tm
     """The real tp=2 start (default heartbeat), replayed: analysed before every heartbeat and halfway to the next,
     with only the records written by then, as the live watchdog would see it. Nothing, not even a notice."""
     monkeypatch.setattr(diagnose, "this_host", lambda: "replay")  # the processes have exited; don't ask the OS
-    records = []  # (when it was written: no earlier than any record before it in its file, record, file)
+    journaled = []  # (when it was written: no earlier than any record before it in its file, record, file)
     for path in sorted((engine_run.run_dir / "journal").glob("*.jsonl")):
         written_at = 0
         for line in filter(str.strip, path.read_text().splitlines()):
             record = json.loads(line)
             written_at = max(written_at, record["t"])  # a span's begin may carry an earlier start (rank.bootstrap)
-            records.append((written_at, record, path.name))
-    records.sort(key=lambda item: item[0])
-    beats = [r["t"] for _, r, _ in records if r["kind"] == "heartbeat"]
+            journaled.append((written_at, record, path.name))
+    journaled.sort(key=lambda item: item[0])
+    beats = [r["t"] for _, r, _ in journaled if r["kind"] == "heartbeat"]
     assert len(beats) >= 5
     replay = tmp_path / "replay"
     (replay / "journal").mkdir(parents=True)
@@ -480,8 +459,8 @@ def test_a_healthy_tp2_start_replayed_beat_by_beat_raises_nothing(engine_run, tm
     # together (rank.bootstrap's begin, backdated to process start, and its end)
     view, written, moments = RunView(replay), 0, sorted({*(t - 1 for t in beats), *(t + S for t in beats)})
     for now in moments:
-        while written < len(records) and records[written][0] <= now:
-            _, record, name = records[written]
+        while written < len(journaled) and journaled[written][0] <= now:
+            _, record, name = journaled[written]
             with open(replay / "journal" / name, "a") as f:
                 f.write(json.dumps(record) + "\n")
             written += 1

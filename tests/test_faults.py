@@ -17,6 +17,7 @@ import psutil
 import pytest
 from conftest import HOOKS, ROOT, SCRIPTS, dist_ranks, hook_env, kill_group, requires_sglang
 from sglang_phasetrace.tracing import procs
+from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.reader.load import load_run
 
 pytestmark = [requires_sglang, pytest.mark.sglang]
@@ -188,55 +189,17 @@ def silent_rank_run(tmp_path: Path, pid: int, start_ticks: int | None) -> Path:
     t0 = now - 90 * 10**9
     host = procs.this_host()
     attrs = {"sglang.tp_rank": 1, "sglang.role": "rank", "sglang.rank": "tp1"}
-    records = [
-        {
-            "v": 1,
-            "kind": "process",
-            "t": t0,
-            "pid": pid,
-            "ppid": 1,
-            "host": host,
-            "run_id": "run",
-            "boot_t": t0,
-            "resource": {},
-            **({"start_ticks": start_ticks, "boot_id": procs.boot_id()} if start_ticks else {}),
-        },
-        {"kind": "identity", "t": t0, "label": "tp1", "role": "rank", "attrs": attrs},
-        {
-            "kind": "begin",
-            "t": t0,
-            "span": "a" * 16,
-            "parent": None,
-            "trace": "b" * 32,
-            "name": "rank tp1",
-            "attrs": {"sglang.phase": "rank"},
-            "thread": "MainThread",
-        },
-        {
-            "kind": "begin",
-            "t": t0 + 10**9,
-            "span": "c" * 16,
-            "parent": "a" * 16,
-            "trace": "b" * 32,
-            "name": "model.loader",
-            "attrs": {"sglang.phase": "model.loader"},
-            "thread": "MainThread",
-        },
-        {
-            "kind": "heartbeat",
-            "t": now - 60 * 10**9,
-            "seq": 1,
-            "pid": pid,
-            "label": "tp1",
-            "ready": False,
-            "interval_s": 5.0,
-            "phases": [],
-            "cpu_s": 0.0,
-            "rss": 1,
-            "threads": 1,
-        },
+    proof = {"start_ticks": start_ticks, "boot_id": procs.boot_id()} if start_ticks else {}
+    journal = [
+        records.process(t0, pid, 1, host, "run", t0, {}, **proof),
+        records.identity(t0, "tp1", "rank", attrs),
+        records.begin(t0, "a" * 16, None, "b" * 32, "rank tp1", {"sglang.phase": "rank"}, "MainThread"),
+        records.begin(
+            t0 + 10**9, "c" * 16, "a" * 16, "b" * 32, "model.loader", {"sglang.phase": "model.loader"}, "MainThread"
+        ),
+        records.heartbeat(now - 60 * 10**9, 1, pid, "tp1", False, 5.0, [], 0.0, 1, 1),
     ]
-    (run_dir / "journal" / f"{host}-{pid}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run_dir / "journal" / f"{host}-{pid}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in journal))
     return run_dir
 
 

@@ -23,6 +23,7 @@ from conftest import ROOT, free_port, read_journal, requires_sglang, run_program
 from sglang_phasetrace.tracing import files, process_state
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.journal import reader as journal
+from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.journal.writer import JournalWriter
 from sglang_phasetrace.tracing.reader.load import load_run
 from sglang_phasetrace.tracing.recorder import heartbeat, runtime, spans
@@ -314,17 +315,17 @@ real_write_all = files.write_all
 def test_a_record_cut_short_is_removed_whole(tmp_path: Path, monkeypatch, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "journal" / "p.jsonl"
     writer = JournalWriter(path)
-    assert writer.write({"kind": "warning", "t": 1, "message": "first"})
+    assert writer.write(records.warning(1, "first"))
     monkeypatch.setattr(files, "write_all", CutShort(2))
-    assert not writer.write({"kind": "warning", "t": 2, "message": "second " * 50})
+    assert not writer.write(records.warning(2, "second " * 50))
     assert path.read_bytes().count(b"\n") == 1 and path.read_bytes().endswith(b"\n")  # no half line left
     assert writer.trouble()["held"] == 1
-    assert not writer.write({"kind": "warning", "t": 3, "message": "third"})  # the held one is cut again
-    assert writer.write({"kind": "warning", "t": 4, "message": "fourth"})
-    records, problems = read_journal(path)
+    assert not writer.write(records.warning(3, "third"))  # the held one is cut again
+    assert writer.write(records.warning(4, "fourth"))
+    written, problems = read_journal(path)
     assert problems == []
-    assert [r["t"] for r in records[:3]] + [records[4]["t"]] == [1, 2, 3, 4]
-    assert "written late, 0 dropped" in records[3]["message"]  # said after the late ones, before the rest
+    assert [r["t"] for r in written[:3]] + [written[4]["t"]] == [1, 2, 3, 4]
+    assert "written late, 0 dropped" in written[3]["message"]  # said after the late ones, before the rest
     assert len(warnings_of(caplog)) == 1 and str(path) in warnings_of(caplog)[0]
     assert writer.trouble() is None
     writer.close()
@@ -339,11 +340,11 @@ def test_a_cut_record_that_cannot_be_removed_still_leaves_the_next_on_a_fresh_li
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
     monkeypatch.setattr(journal.os, "ftruncate", no_truncate)
-    assert not writer.write({"kind": "warning", "t": 1, "message": "cut " * 40})
-    assert writer.write({"kind": "warning", "t": 2, "message": "next"})
-    records, problems = read_journal(path)
+    assert not writer.write(records.warning(1, "cut " * 40))
+    assert writer.write(records.warning(2, "next"))
+    written, problems = read_journal(path)
     assert len(problems) == 1 and f"{path}:1:" in problems[0]  # the torn line, named once
-    assert records[0]["t"] == 1 and records[-1]["t"] == 2  # written again whole, on lines of their own
+    assert written[0]["t"] == 1 and written[-1]["t"] == 2  # written again whole, on lines of their own
     writer.close()
 
 

@@ -13,23 +13,34 @@ import array
 import json
 import math
 import os
+import signal
 import sqlite3
 import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_fixtures import build_run
-from conftest import SCRIPTS, Ran, requires_sglang, run_program
-from sglang_phasetrace.tracing import process_state
-from sglang_phasetrace.tracing.cli import main
+from conftest import HOOKS, PLANTS, SCRIPTS, Ran, hook_env, kill_group, requires_sglang, run_dirs, run_program
+from sglang_phasetrace.tracing import keys, process_state
+from sglang_phasetrace.tracing.cli import main, preflight, preflight_plan
 from sglang_phasetrace.tracing.history import History, eta, fingerprint, live, of_run, record, store, usual
 from sglang_phasetrace.tracing.history.measure import measure
+from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.reader.load import load_run
+from sglang_phasetrace.tracing.recorder import gpu, runtime
+from sglang_phasetrace.tracing.render.lanes import layout
+from sglang_phasetrace.tracing.render.run_text import status_line
+from sglang_phasetrace.tracing.verdicts import findings, watchdog
+from sglang_phasetrace.tracing.verdicts import usual as usual_
+from sglang_phasetrace.tracing.verdicts.diagnose import Thresholds
+from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S  # synthetic runs end at T0 + i seconds: their order is their index
@@ -88,78 +99,145 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-# -- real SGLang: two healthy starts are one launch; another tp size is another ---------------------
+# -- real SGLang: starts recorded by their launchers, judged live against each other ---------------
+
+
+def _history_db(engine_run: Ran) -> Path:
+    assert engine_run.run_dir is not None
+    return engine_run.run_dir.parent / "history.sqlite"
+
+
+def _starts(db: Path) -> list[tuple[str, str]]:
+    if not db.exists():
+        return []
+    with History.open(db) as history:
+        return [(s.run_id, s.outcome) for s in reversed(history.starts())]
+
+
+def _start_until(args: list[str], base: Path, env: dict[str, str], word: str, timeout: float) -> tuple[Any, list[str]]:
+    """Start ``python args`` under the hook in its own process group; read its stderr (a thread)
+    until a line of ours holds ``word`` (bounded). Returns the process (the caller kills its group)
+    and every stderr line read, which the thread goes on adding to until the process ends."""
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        env=hook_env(base, env),
+        cwd=base,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(line.rstrip("\n") for line in proc.stderr), daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any(line.startswith("sglang-phasetrace:") and word in line for line in list(lines)):
+            return proc, lines
+        time.sleep(0.5)
+    kill_group(proc.pid)
+    raise AssertionError(f"no line with {word!r} in {timeout:.0f} s:\n" + "\n".join(lines[-40:]))
 
 
 @pytest.fixture(scope="module")
-def real_starts(
-    tiny_model: tuple[Path, Path], engine_run: Ran, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Path]:
-    """Two healthy tp=2 ``sglang.Engine`` starts (the suite's shared one, and one more) and one tp=1
-    start of the same model, on CPU."""
-    assert engine_run.run_dir is not None
-    out = {"a": engine_run.run_dir}
-    for name, tp in (("b", 2), ("one", 1)):
-        base = tmp_path_factory.mktemp(f"history-{name}")
-        ran = run_program(
-            [str(SCRIPTS / "start_engine.py"), str(tiny_model[0]), "--tp", str(tp), "--no-generate"], base
-        )
-        assert ran.returncode == 0 and ran.run_dir is not None, ran.stderr[-3000:]
-        out[name] = ran.run_dir
+def auto_starts(tiny_model: tuple[Path, Path], engine_run: Ran, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Starts nobody records but their launchers (the hook path), into one history: the suite's
+    shared healthy tp=2 ``sglang.Engine`` (its base directory's), one more, then a third with rank 1
+    stalled in ``attention.init`` (``tests/plants``), stopped by a Ctrl-C to its launcher once its
+    verdict is said; and a tp=1 start while the history it would use is a corrupt file."""
+    db = _history_db(engine_run)
+    engine = [str(SCRIPTS / "start_engine.py"), str(tiny_model[0]), "--no-generate", "--tp"]
+    into = {store.ENV_HISTORY: str(db)}
+    out: dict[str, Any] = {"db": db, "a": engine_run.run_dir}
+    base = tmp_path_factory.mktemp("history-b")
+    ran = run_program([*engine, "2"], base, env=into)
+    assert ran.returncode == 0 and ran.run_dir is not None, ran.stderr[-3000:]
+    out["b"] = ran.run_dir
+    assert [o for _, o in _starts(db)] == ["ready", "ready"], "both healthy starts recorded by their launchers"
+
+    base = tmp_path_factory.mktemp("history-stall")
+    plant = {**into, "PYTHONPATH": os.pathsep.join((str(HOOKS), str(PLANTS))), "PLANT_STALL_PHASE_TP_RANK": "1"}
+    proc, lines = _start_until([*engine, "2"], base, plant, " STALL ", 300)
+    try:
+        out["stall_lines"] = [line for line in list(lines) if line.startswith("sglang-phasetrace:")]
+        for _ in range(60):  # recorded at its first stall, from the watchdog's thread
+            if len(_starts(db)) == 3:
+                break
+            time.sleep(0.5)
+        out["provisional"] = _starts(db)
+        tic = time.monotonic()
+        os.kill(proc.pid, signal.SIGINT)  # Ctrl-C: the launcher exits, recording its start again on its way
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+        out["exit_s"] = time.monotonic() - tic
+    finally:
+        kill_group(proc.pid)
+    (out["stall"],) = run_dirs(base)
+
+    base = tmp_path_factory.mktemp("history-corrupt")
+    bad = base / "bad.sqlite"
+    bad.write_bytes(b"not a database, " * 512)
+    bad.chmod(0o600)
+    ran = run_program([*engine, "1"], base, env={store.ENV_HISTORY: str(bad)})
+    out["one"], out["one_stderr"], out["bad"] = ran.run_dir, ran.stderr, bad
+    assert ran.returncode == 0 and ran.run_dir is not None, ran.stderr[-3000:]
     return out
 
 
 @requires_sglang
 @pytest.mark.sglang
-def test_two_real_starts_are_one_launch_and_history_lists_both(
-    real_starts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+def test_starts_are_recorded_by_their_launchers_and_judged_against_each_other(
+    auto_starts: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    db = tmp_path / "hist" / "history.sqlite"
+    db, a, b, stalled = auto_starts["db"], auto_starts["a"], auto_starts["b"], auto_starts["stall"]
+    # the stall's verdict line says how long the phase usually takes, from the two healthy starts
+    (verdict,) = [line for line in auto_starts["stall_lines"] if " STALL " in line]
+    assert "rank tp1" in verdict and "usually takes" in verdict and "2 starts)" in verdict, verdict
+    # recorded as stalled at its first verdict, and again as the launcher exited (within its second)
+    assert auto_starts["provisional"][-1] == (stalled.name, "stalled"), auto_starts["provisional"]
+    assert _starts(db) == [(a.name, "ready"), (b.name, "ready"), (stalled.name, "stalled")]
+    # files are private: the directory 0700, the database and its WAL files 0600
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in db.parent.glob("history.sqlite*"))
+
+    code, out, err = cli(capsys, "history", "--dir", str(db.parent), "--json")
+    assert code == 0, err
+    (launch,) = json.loads(out)["launches"]
+    assert launch["starts"] == 3 and [s["outcome"] for s in launch["recent"]] == ["stalled", "ready", "ready"]
+    fields = launch["fields"]
+    assert fields["layout"]["tp"] == 2 and fields["device"] == {"kind": "cpu", "model": None, "count": 2}
+    assert fields["model"]["config"] and fields["versions"]["sglang"] and fields["versions"]["torch"]
+    phases = {p["phase"]: p for p in launch["phases"]}
+    for key in ("rank", "rank.bootstrap", "model.load_weights", "attention.init"):
+        assert phases[key]["n"] >= 2 and phases[key]["min_s"] <= phases[key]["median_s"] <= phases[key]["max_s"]
+    code, out, _ = cli(capsys, "history", "--dir", str(db.parent))
+    assert code == 0 and all(run.name in out for run in (a, b, stalled)) and "stalled" in out
+
+    # status of the stalled run: its phases' usual times and its launch, itself left out
     monkeypatch.setenv(store.ENV_HISTORY, str(db))
-    runs = {name: load_run(path) for name, path in real_starts.items()}
-    done = {name: record(run) for name, run in runs.items()}
-    assert all(d is not None and d.outcome == "ready" for d in done.values()), done
-    fa, fb, fone = (done[n].fingerprint for n in ("a", "b", "one"))  # type: ignore[union-attr]
-    assert fa.id == fb.id != fone.id
-    assert fa.fields["layout"]["tp"] == 2 and fone.fields["layout"]["tp"] == 1
-    assert fa.fields["model"]["config"] and fa.fields["versions"]["sglang"] and fa.fields["device"]["kind"] == "cpu"
-    assert record(runs["a"]) is not None  # again: replaced, not added
-    # files are private: the directory we made 0700, the database and its WAL files 0600
-    assert stat.S_IMODE(db.parent.stat().st_mode) == 0o700
-    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in db.parent.iterdir()), list(db.parent.iterdir())
-
-    code, out, err = cli(capsys, "history", "--json")
-    assert code == 0, err
-    launches = {la["id"]: la for la in json.loads(out)["launches"]}
-    two, one = launches[fa.id], launches[fone.id]
-    assert two["starts"] == 2 and {s["run_id"] for s in two["recent"]} == {real_starts["a"].name, real_starts["b"].name}
-    assert one["starts"] == 1 and one["recent"][0]["run_id"] == real_starts["one"].name
-    phases = {p["phase"]: p for p in two["phases"]}
-    for key in ("rank", "rank.bootstrap", "model.load_weights", "kv_cache.alloc"):
-        assert phases[key]["n"] == 2 and phases[key]["min_s"] <= phases[key]["median_s"] <= phases[key]["max_s"]
-    assert two["trend"]["newest"] in (real_starts["a"].name, real_starts["b"].name) and two["trend"]["changes"]
-    code, out, _ = cli(capsys, "history", "--fingerprint", fa.id[:6])
-    assert code == 0 and real_starts["a"].name in out and real_starts["b"].name in out and "median" in out
-    assert real_starts["one"].name not in out and "trend:" in out
-
-    # the tp=1 start has no earlier start of its launch: never compared with the tp=2 ones
-    code, out, _ = cli(capsys, "compare", str(real_starts["one"]), "--baseline")
-    assert code == 0 and "no earlier start" in out
-    code, out, err = cli(capsys, "compare", str(real_starts["b"]), "--baseline", "--json")
-    assert code == 0, err
+    code, out, err = cli(capsys, "status", str(stalled), "--json")
     doc = json.loads(out)
-    assert doc["fingerprint"]["id"] == fa.id and doc["starts"] == 1
-    rows = {r["phase"]: r for r in doc["phases"]}
-    assert rows["model.load_weights"]["usual"]["n"] == 1  # only a's: b itself is left out
+    assert doc["history"]["fingerprint"] == launch["id"] and doc["history"]["starts"] == 2, doc["history"]
+    assert any(r["usual"] for r in doc["ranks"] if r["label"] in ("tp0", "tp1")), doc["ranks"]
 
-    # live: how long a phase usually takes, and the ETA of a start that is in its first step
-    u = usual(fa.id, "rank.bootstrap")
-    assert u is not None and u.n == 2 and u.median > 0
-    first = eta(fa.id, {"rank.bootstrap": 0.0})
-    assert first is not None and first.starts == 2 and first.remaining_s >= u.median
-    steps = [p.phase for p in live.usuals(fa.id).values() if p.depth == 1 and p.role == "rank"]
-    done_eta = eta(fa.id, {}, ended=steps)
-    assert done_eta is not None and done_eta.remaining_s == 0
+    # a corrupt history at start: one warning, naming it; the start goes on; the file is left as it was
+    said = [line for line in auto_starts["one_stderr"].splitlines() if "history:" in line]
+    assert len(said) == 1 and str(auto_starts["bad"]) in said[0] and "not a usable history" in said[0], said
+    assert auto_starts["bad"].read_bytes() == b"not a database, " * 512
+    # another tp size is another launch: recorded beside the tp=2 one, never compared with it
+    monkeypatch.delenv(store.ENV_HISTORY)
+    one = auto_starts["one"]
+    code, out, err = cli(capsys, "history", "--record", str(one), "--dir", str(db.parent))
+    assert code == 0 and "ready" in out, err
+    code, out, _ = cli(capsys, "history", "--dir", str(db.parent), "--json")
+    by_tp = {la["fields"]["layout"]["tp"]: la for la in json.loads(out)["launches"]}
+    assert by_tp[1]["starts"] == 1 and by_tp[2]["starts"] == 3 and by_tp[1]["id"] != by_tp[2]["id"]
+    monkeypatch.setenv(store.ENV_HISTORY, str(db))
+    code, out, _ = cli(capsys, "compare", str(one), "--baseline")
+    assert code == 0 and "no earlier start" in out
+    code, out, _ = cli(capsys, "compare", str(b), "--baseline", "--json")
+    doc = json.loads(out)
+    assert doc["fingerprint"]["id"] == by_tp[2]["id"] and doc["starts"] == 2  # a and the stalled one
 
 
 # -- several writers, and a database that cannot be written -----------------------------------------
@@ -472,3 +550,215 @@ def test_usual_and_eta_from_history(tmp_path: Path) -> None:
     assert late is not None and late.remaining_s == pytest.approx(sum(u.median for u in after))
     assert eta(fid, {"no.such.phase": 1.0}, path=db) is None  # cannot be placed
     assert eta("0123456789ab", {"rank.bootstrap": 1.0}, path=db) is None  # no history of that launch
+
+
+# -- live: "usually N s", a phase past every earlier start, the ETA -------------------------------------
+
+
+def _in_progress(tmp_path: Path, ranks: int = 1) -> tuple[Path, int]:
+    """Three healthy synthetic starts recorded in ``tmp_path/runs``, and a fourth of the same launch in
+    progress whose rank 0 has sat in ``dist.init_process_group`` for ≈ 87 s (its heartbeat fresh: it
+    is not silent). Returns the run and "now"."""
+    base = tmp_path / "runs"
+    for i in range(3):
+        assert record(load_run(synthetic(base / f"ok{i}", i, ranks=ranks))) is not None
+    run = synthetic(base / "stuck", 100, ranks=ranks, stalled_rank=0)
+    journal = run / "journal" / "node0-1000.jsonl"  # the watchdog has said nothing yet
+    journal.write_text("".join(line + "\n" for line in journal.read_text().splitlines() if '"diagnosis"' not in line))
+    now = T0 + 100 * S
+    status = run / "status" / "node0-2000.json"
+    beat = json.loads(status.read_text())
+    status.write_text(json.dumps({**beat, "t": now - S // 2}))
+    return run, now
+
+
+def test_a_phase_past_every_earlier_start_is_a_notice_never_an_alarm(tmp_path: Path) -> None:
+    run, now = _in_progress(tmp_path)
+    patient = Thresholds(stall_s=1000.0, no_progress_s=1000.0)  # nothing else would speak yet
+    found = [f for f, _ in findings.live(load_run(run), now, patient, notices=True)]
+    (notice,) = found
+    assert notice.kind == "unusual" and not notice.alarm and notice.label == "tp0", found
+    assert notice.message.startswith("'dist.init_process_group' 87 s on tp0 — no earlier start of this launch spent")
+    assert "usually 0.3 s, p95 0.3 s, 3 starts" in notice.message, notice.message
+    assert findings.live(load_run(run), now, patient) == []  # a notice: the watchdog's, not a viewer's verdict
+    # the evidence says blocked (every rank in the rendezvous for 30 s): the alarm stands, and says what is usual
+    (alarm,) = [f for f, _ in findings.live(load_run(run), now, Thresholds(), notices=True)]
+    assert alarm.alarm and alarm.kind == "rendezvous", alarm
+    assert alarm.message.endswith("; 'dist.init_process_group' usually takes 0.3 s (p95 0.3 s, 3 starts)")
+    # progress (an event in the phase a second ago): no notice — history never contradicts the journals
+    lines = (run / "journal" / "node0-2000.jsonl").read_text().splitlines()
+    stuck = next(json.loads(x)["span"] for x in lines if '"dist.init_process_group"' in x and '"begin"' in x)
+    with open(run / "journal" / "node0-2000.jsonl", "a") as f:
+        f.write(json.dumps(records.event(now - S, stuck, "step", {"done": 3, "total": 9})) + "\n")
+    assert findings.live(load_run(run), now, patient, notices=True) == []
+
+
+def test_a_start_without_history_is_judged_as_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run, now = _in_progress(tmp_path, ranks=2)
+
+    def judged() -> list[tuple[str, str, str]]:
+        return [(f.kind, f.label, f.message) for f, _ in findings.live(load_run(run), now, Thresholds(), notices=True)]
+
+    with_history = judged()  # tp0 is the straggler; tp1, its peer waiting for it, is explained by it
+    monkeypatch.setenv(store.ENV_HISTORY, "0")
+    without = judged()
+    assert [k for k, _, _ in without] == [k for k, _, _ in with_history] == ["straggler"]
+    assert all("usual" not in m and "earlier start" not in m for _, _, m in without)
+    ((_, _, said),), ((_, _, plain),) = with_history, without
+    assert said.startswith(plain) and "usually takes" in said[len(plain) :]
+    monkeypatch.setenv(store.ENV_HISTORY, str(tmp_path / "elsewhere.sqlite"))  # a history without this launch
+    assert judged() == without
+
+
+def test_status_and_the_live_line_say_usual_times_and_the_eta(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run, now = _in_progress(tmp_path)
+    view = load_run(run)
+    known = usual_.known(view)
+    assert known is not None and known.starts == 3
+    line = status_line(layout(view, now), {}, known)
+    assert "tp0 dist.init_process_group 87.0 s (usually 0.3 s, p95 0.3 s, 3 starts)" in line, line
+    assert "ready ≈ " in line and "after 'dist.init' ends" in line, line  # past every earlier start: a lower bound
+    _, out, _ = cli(capsys, "status", str(run), "--json", "--once")
+    doc = json.loads(out)
+    assert doc["history"]["starts"] == 3 and doc["history"]["eta_s"] > 0, doc["history"]
+    (row,) = [r for r in doc["ranks"] if r["label"] == "tp0"]
+    assert row["usual"] == "0.3 s (p95 0.3 s)", row
+    # a start in its first step: "ready in ≈ …", the sum of the steps' medians still ahead
+    first = synthetic(tmp_path / "runs" / "early", 200, ranks=1, stalled_rank=0)
+    steps = [u for u in known.usuals.values() if u.depth == 1 and u.role == "rank"]
+    forecast = usual_.eta(load_run(first), T0 + 200 * S - 86 * S, known)
+    assert forecast is not None and forecast.late is None and forecast.starts == 3
+    assert forecast.remaining_s == pytest.approx(sum(u.median for u in steps[1:]), rel=0.1)
+    assert usual_.eta_text(forecast).startswith("ready in ≈ ")
+
+
+def test_the_watchdog_records_a_stalled_start_at_its_first_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(store.ENV_HISTORY, raising=False)
+    db = tmp_path / "history.sqlite"  # the run's base directory's
+    run = synthetic(tmp_path / "stalled", 0, stalled_rank=1)
+    dog = Watchdog(run, out=open(os.devnull, "w"), py_spy=False)
+    dog.keeps = True  # a launcher's
+    new = dog.step(now_ns=T0)
+    assert any(f.alarm for f in new) and dog.keeper is not None and not dog.keeper.final
+    assert dog.keeper.wait(10.0)
+    assert _starts(db) == [("stalled", "stalled")] and dog.keeper.recorded.outcome == "stalled"
+    keep_at_exit_of(dog)  # as the launcher exits: recorded again, the same row
+    assert dog.keeper.final and _starts(db) == [("stalled", "stalled")]
+
+
+def keep_at_exit_of(dog: Watchdog) -> None:
+    tic = time.monotonic()
+    process_state.STATE.launcher_watchdog = dog
+    try:
+        watchdog.keep_at_exit()
+    finally:
+        process_state.STATE.launcher_watchdog = None
+    assert time.monotonic() - tic < watchdog.EXIT_WAIT_S + 0.5
+
+
+def test_outcomes_the_caller_knows(tmp_path: Path) -> None:
+    db = tmp_path / "history.sqlite"
+    ok = load_run(synthetic(tmp_path / "ok", 0))
+    assert record(ok, db, outcome="interrupted").outcome == "ready"  # a start that was ready was ready
+    stalled = load_run(synthetic(tmp_path / "stalled", 1, stalled_rank=1))
+    assert record(stalled, db, outcome="interrupted").outcome == "stalled"  # stopped after its stall
+    failed = synthetic(tmp_path / "failed", 2, failed_rank=1)
+    assert record(load_run(failed), db, outcome="interrupted").outcome == "interrupted"  # Ctrl-C'd ranks die
+    journal = failed / "journal" / "node0-2001.jsonl"  # a Ctrl-C: KeyboardInterrupt ends the root
+    journal.write_text(journal.read_text().replace('"RuntimeError"', '"KeyboardInterrupt"'))
+    assert measure(load_run(failed)).outcome == "interrupted"
+
+
+def test_what_serving_does_is_not_part_of_the_start(tmp_path: Path) -> None:
+    run = synthetic(tmp_path / "r", 0)
+    before = {p.key: p.max for p in measure(load_run(run)).phases}
+    journal = run / "journal" / "node0-2000.jsonl"
+    late = T0 + 5 * S
+    attrs = {keys.PHASE: "model.load_weights", keys.AFTER_READY: True}
+    with open(journal, "a") as f:  # a weight update an hour after ready
+        f.write(
+            json.dumps(records.begin(late, "ff" * 8, None, "ab" * 16, "model.load_weights", attrs, "MainThread")) + "\n"
+        )
+        f.write(json.dumps(records.end(late + 600 * S, "ff" * 8, "ok", {})) + "\n")
+    assert {p.key: p.max for p in measure(load_run(run)).phases} == before
+
+
+# -- the fingerprint, as a launch records it --------------------------------------------------------------
+
+
+def test_the_fingerprint_is_settled_by_what_the_launcher_records_as_it_starts_its_ranks(tmp_path: Path) -> None:
+    run = synthetic(tmp_path / "r", 0)
+    before = of_run(load_run(run))
+    assert before is not None and before.settled  # an Engine's root that ended: settled
+    journal = run / "journal" / "node0-1000.jsonl"
+    recorded = {**ARGS, "attention_backend": "triton"}  # what the launcher saw as it started its ranks
+    span = {keys.PHASE: "launch.subprocesses", keys.SERVER_ARGS: json.dumps(recorded), keys.MODEL_CONFIG: "c0ffee"}
+    with open(journal, "a") as f:
+        f.write(
+            json.dumps(records.begin(T0 - 29 * S, "ee" * 8, None, "ab" * 16, "launch.subprocesses", span, "M")) + "\n"
+        )
+    after = of_run(load_run(run))
+    assert after is not None and after.settled and after.id != before.id
+    assert after.fields["args"]["attention_backend"] == "triton" and after.fields["model"]["config"] == "c0ffee"
+    # a server's root, open, before its ranks start: not settled (a reader asks again)
+    lines = [json.loads(x) for x in journal.read_text().splitlines()]
+    kept = [r for r in lines if r.get("span") != "ee" * 8 and not (r["kind"] == "end")]
+    journal.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    early = of_run(load_run(run))
+    assert early is not None and not early.settled
+
+
+def test_the_runtime_stamps_torch_and_the_gpu_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus = tmp_path / "gpus"
+    for bus in ("0000:1b:00.0", "0000:05:00.0"):
+        (gpus / bus).mkdir(parents=True)
+        (gpus / bus / "information").write_text("Model: \t\t NVIDIA H200\nIRQ:   42\nBus Type:  PCIe\n")
+    monkeypatch.setattr(gpu, "DRIVER_GPUS", str(gpus))
+    monkeypatch.setattr(gpu, "_state", {})
+    monkeypatch.setitem(sys.modules, "torch", type(sys)("torch"))
+    sys.modules["torch"].__version__ = "2.9.0+cu128"
+    attrs = runtime.machine_attrs(1)
+    assert attrs == {keys.TORCH_VERSION: "2.9.0+cu128", keys.DEVICE_MODEL: "NVIDIA H200"}
+    monkeypatch.setattr(gpu, "DRIVER_GPUS", str(tmp_path / "none"))
+    monkeypatch.setattr(gpu, "_state", {})
+    assert keys.DEVICE_MODEL not in runtime.machine_attrs(0)
+
+
+# -- pre-flight: the estimate from the real launch's history ---------------------------------------------
+
+
+def test_preflight_estimates_from_the_real_launchs_earlier_starts(tmp_path: Path) -> None:
+    base = tmp_path / "runs"
+    for i in range(3):  # the real launch, weights read
+        assert record(load_run(synthetic(base / f"real{i}", i))) is not None
+    # an earlier pre-flight of it (dummy weights, a small KV pool) is not the real launch
+    assert record(load_run(synthetic(base / "pre0", 5, args={"load_format": "dummy", "max_total_tokens": 4096})))
+    pre = load_run(synthetic(base / "pre1", 10, args={"load_format": "dummy", "max_total_tokens": 4096}))
+    before = preflight.earlier_starts(pre)
+    assert before is not None and before.starts == 3 and before.weights_s is not None
+    text = preflight_plan.estimate(pre, 10**9, 10**9, before).text()
+    assert text.startswith(
+        f"expected start ≈ {preflight_plan.span(before.median_s)}, as the 3 earlier starts of this launch"
+    )
+    assert "from this pre-flight ≈ " in text, text
+    other = load_run(synthetic(base / "other", 11, ranks=4, args={"load_format": "dummy"}))  # another layout
+    assert preflight.earlier_starts(other) is None
+    assert preflight_plan.estimate(other, 10**9, 10**9).text().startswith("expected start ≈ ")
+
+
+def test_phasetrace_run_records_the_start_it_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``phasetrace run`` records what it watched as the command ends, as its launcher would (a
+    stand-in command writes a finished start into the run directory ``run`` made: no SGLang needed)."""
+    monkeypatch.delenv(store.ENV_HISTORY, raising=False)
+    base = tmp_path / "runs"
+    fake = (
+        f"import os, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from pathlib import Path; "
+        "from test_history import synthetic; synthetic(Path(os.environ['SGLANG_PHASETRACE_RUN_DIR']), 0)"
+    )
+    assert main(["run", "--quiet", "--dir", str(base), "--", sys.executable, "-c", fake]) == 0
+    (run,) = [p for p in base.iterdir() if p.is_dir()]
+    assert _starts(base / "history.sqlite") == [(run.name, "ready")]

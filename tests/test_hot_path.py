@@ -1,10 +1,11 @@
 """The serving hot path is untouched: once a traced process is ready, requests call no patched wrapper.
 
-At ready the init-only patches (the collectives) come off, copies included; whatever patched
-wrapper still runs after ready is counted per process, with what tracing added to it, in the
-``runtime_calls`` field of the process's status file. End to end: a real ``sglang.Engine``
-(tp=2, CPU, tiny model) under the hook (``tests/programs/serve_engine.py``), heartbeats every
-0.5 s, a batch of generate requests, then a weight reload (init work rerun after ready).
+At ready — serving: an ``Engine``'s ranks once initialised, ``launch_server``'s at "ready to roll"
+(``tests/test_serving.py``) — the init-only patches (the collectives, the warm-up's forward pass)
+come off, copies included; whatever patched wrapper still runs after ready is counted per process,
+with what tracing added to it, in the ``runtime_calls`` field of the process's status file. End to
+end: a real ``sglang.Engine`` (tp=2, CPU, tiny model) under the hook (``tests/programs/serve_engine.py``),
+heartbeats every 0.5 s, a batch of generate requests, then a weight reload (init work rerun after ready).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, hook_env, kill_group, requires_sglang, run_dirs
 from sglang_phasetrace.patches import PatchEngine, Phase
+from sglang_phasetrace.tracing import keys
 from sglang_phasetrace.tracing.reader.load import load_run
 from sglang_phasetrace.tracing.recorder import heartbeat, runtime
 
@@ -29,22 +31,31 @@ HEARTBEAT_S = 0.5
 
 # -- in-process: the counting, and the copies taken off at ready -----------------------------------
 def test_wrapper_calls_after_ready_are_counted_with_their_cost(trace_run_dir: Path, make_module) -> None:
-    mod = make_module("def recapture(): return 1\ndef probe(): return 2\ndef all_reduce(): return 3\n")
+    mod = make_module(
+        "def recapture(): return 1\ndef probe(): return 2\ndef all_reduce(): return 3\ndef forward(): return 4\n"
+    )
     PatchEngine(
         [
             Phase("t.recapture", (f"{mod.__name__}:recapture",)),
             Phase("t.probe", (f"{mod.__name__}:probe",), after_ready="skip"),
             Phase("t.collective", (f"{mod.__name__}:all_reduce",), kind="collective"),
+            Phase("t.forward", (f"{mod.__name__}:forward",), kind="warmup"),  # a copy left once serving
         ]
     ).apply_module(mod.__name__)
-    assert (mod.recapture(), mod.probe(), mod.all_reduce()) == (1, 2, 3)  # during init: not counted
+    calls = (mod.recapture, mod.probe, mod.all_reduce, mod.forward)
+    assert [f() for f in calls] == [1, 2, 3, 4]  # during init: not counted
     rt = runtime.current()
     assert rt.runtime_calls == {}
     rt.mark_ready()
     for _ in range(3):
-        assert (mod.recapture(), mod.probe(), mod.all_reduce()) == (1, 2, 3)
+        assert [f() for f in calls] == [1, 2, 3, 4]
     summary = rt.runtime_calls_summary()
-    assert {name: c["calls"] for name, c in summary.items()} == {"t.recapture": 3, "t.probe": 3, "t.collective": 3}
+    assert {name: c["calls"] for name, c in summary.items()} == {
+        "t.recapture": 3,
+        "t.probe": 3,
+        "t.collective": 3,
+        "t.forward": 3,
+    }
     assert all(c["cost_us"] > 0 for c in summary.values())
     assert summary["t.recapture"]["cost_us"] > summary["t.probe"]["cost_us"]  # a span costs more than a check
     heartbeat.current().beat()
@@ -162,6 +173,9 @@ def test_serving_a_batch_calls_no_patched_wrapper(served: Served) -> None:
     for label, record in after.items():
         assert record["ready"] is True, label
         assert record.get("runtime_calls", {}) == before[label].get("runtime_calls", {}), label
+        assert keys.PHASE_WARMUP not in record.get("runtime_calls", {}), label  # the forward wrapper is off
+    for rank in load_run(served.run_dir).ranks:  # an Engine's ranks serve once initialised: no warm-up pass
+        assert not [s for s in rank.spans.values() if s.phase == keys.PHASE_WARMUP], rank.label
 
 
 @requires_sglang

@@ -14,29 +14,17 @@ from pathlib import Path
 
 from conftest import read_journal
 from sglang_phasetrace.tracing.journal import reader as journal
+from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.journal.reader import JournalTail
 from sglang_phasetrace.tracing.journal.writer import JournalWriter, dumps
 from sglang_phasetrace.tracing.reader.load import load_run
 from sglang_phasetrace.tracing.reader.run import RunView
 
-
-def rec(kind: str, t: int, **fields) -> dict:
-    return {"kind": kind, "t": t, **fields}
-
-
 GOOD = [
-    rec("process", 1, v=1, pid=42, host="h", run_id="r", boot_t=0, resource={}),
-    rec("begin", 2, span="a" * 16, parent=None, trace="f" * 32, name="rank tp0", attrs={"sglang.phase": "rank"}),
-    rec(
-        "begin",
-        3,
-        span="b" * 16,
-        parent="a" * 16,
-        trace="f" * 32,
-        name="kv_cache.alloc",
-        attrs={"sglang.phase": "kv_cache.alloc"},
-    ),
-    rec("end", 4, span="b" * 16, status="ok", attrs={"sglang.max_total_num_tokens": 4096}),
+    records.process(1, 42, None, "h", "r", 0, {}),
+    records.begin(2, "a" * 16, None, "f" * 32, "rank tp0", {"sglang.phase": "rank"}, "MainThread"),
+    records.begin(3, "b" * 16, "a" * 16, "f" * 32, "kv_cache.alloc", {"sglang.phase": "kv_cache.alloc"}, "MainThread"),
+    records.end(4, "b" * 16, "ok", {"sglang.max_total_num_tokens": 4096}),
 ]
 
 
@@ -56,28 +44,28 @@ def test_writer_round_trip(tmp_path):
     writer = JournalWriter(path)
     for record in GOOD:
         writer.write(record)
-    writer.write(rec("event", 5, span="b" * 16, name="note", attrs={"text": "ünïcode ✓", "set": {1}}))
+    writer.write(records.event(5, "b" * 16, "note", {"text": "ünïcode ✓", "set": {1}}))
     writer.close()
-    writer.write(rec("end", 6, span="a" * 16, status="ok"))  # after close: dropped, not raised
+    writer.write(records.end(6, "a" * 16, "ok", {}))  # after close: dropped, not raised
 
-    records, problems = read_journal(path)
+    read, problems = read_journal(path)
     assert problems == []
-    assert records[:4] == GOOD
-    assert records[4]["attrs"] == {"text": "ünïcode ✓", "set": [1]}
-    assert len(records) == 5
+    assert read[:4] == GOOD
+    assert read[4]["attrs"] == {"text": "ünïcode ✓", "set": [1]}
+    assert len(read) == 5
 
 
 def test_spans_with_equal_attrs_share_them_after_their_ends_add_more(tmp_path):
     """An ``end`` record's attrs make new ones for its span; spans whose begin and end attrs are
     equal still share one dict (renderers build things once per attrs), and nothing leaks across."""
-    records = GOOD[:2]
+    written = GOOD[:2]
     for i, extra in enumerate(({"n": 1}, {"n": 1}, {"n": 2})):
         span = f"{i + 1:016x}"
-        records += [
-            rec("begin", 5 + i, span=span, parent="a" * 16, trace="f" * 32, name="x", attrs={"sglang.phase": "x"}),
-            rec("end", 9 + i, span=span, status="ok", attrs=extra),
+        written += [
+            records.begin(5 + i, span, "a" * 16, "f" * 32, "x", {"sglang.phase": "x"}, "MainThread"),
+            records.end(9 + i, span, "ok", extra),
         ]
-    write_lines(tmp_path / "journal" / "h-42.jsonl", journal_lines(records))
+    write_lines(tmp_path / "journal" / "h-42.jsonl", journal_lines(written))
     spans = [s for s in load_run(tmp_path).processes[0].spans.values() if s.name == "x"]
     assert [s.attrs for s in spans] == [
         {"sglang.phase": "x", "n": 1},
@@ -89,7 +77,7 @@ def test_spans_with_equal_attrs_share_them_after_their_ends_add_more(tmp_path):
 
 def test_truncated_last_line_live_read_waits_final_read_reports(tmp_path):
     path = tmp_path / "journal" / "h-42.jsonl"
-    cut = dumps(rec("end", 5, span="a" * 16, status="ok"))
+    cut = dumps(records.end(5, "a" * 16, "ok", {}))
     write_lines(path, [*journal_lines(GOOD), cut[:17]])  # the last write was cut mid-line
 
     tail = JournalTail(path)
@@ -101,8 +89,8 @@ def test_truncated_last_line_live_read_waits_final_read_reports(tmp_path):
     assert tail.problems == []
 
     write_lines(path, [*journal_lines(GOOD), cut[:17]])  # a process killed with the line half-written
-    records, problems = read_journal(path)
-    assert records == GOOD
+    read, problems = read_journal(path)
+    assert read == GOOD
     assert len(problems) == 1 and problems[0].startswith(f"{path}:5: ")
 
 
@@ -116,7 +104,7 @@ def test_corrupt_line_reported_once_as_file_line_and_the_rest_used(tmp_path):
     view = RunView(run).refresh()
     view.refresh()
     with open(path, "a") as f:
-        f.write(dumps(rec("end", 9, span="a" * 16, status="ok")) + "\n")
+        f.write(dumps(records.end(9, "a" * 16, "ok", {})) + "\n")
     view.refresh()
     view.refresh(final=True)
 
@@ -160,7 +148,7 @@ def test_one_broken_journal_does_not_hide_the_others(tmp_path):
             *journal_lines(
                 [
                     dict(GOOD[0], pid=43),
-                    rec("begin", 7, span="c" * 16, parent="a" * 16, trace="f" * 32, name="x", attrs={}),
+                    records.begin(7, "c" * 16, "a" * 16, "f" * 32, "x", {}, "MainThread"),
                 ]
             ),
         ],
@@ -201,8 +189,6 @@ def test_journal_of_a_process_killed_mid_phase(tmp_path):
 def test_exit_records_land_on_the_process_they_name(tmp_path):
     """A watcher's ``exit`` record (how a process ended) lands on the process it is about; an idle
     helper process (no phases, role ``process``) is not listed."""
-    from sglang_phasetrace.tracing.journal import records
-
     run = tmp_path / "run"
     launcher = run / "journal" / "h-1.jsonl"
     write_lines(
@@ -227,10 +213,10 @@ def test_exit_records_land_on_the_process_they_name(tmp_path):
 
 def test_a_line_over_the_cap_is_named_once_and_the_next_lines_read(tmp_path):
     path = tmp_path / "journal" / "h-42.jsonl"
-    huge = dumps(rec("warning", 5, message="x" * (3 << 20)))  # 3 MiB: valid, but no record is that long
+    huge = dumps(records.warning(5, "x" * (3 << 20)))  # 3 MiB: valid, but no record is that long
     write_lines(path, [*journal_lines(GOOD[:2]), huge + "\n", *journal_lines(GOOD[2:])])
-    records, problems = read_journal(path)
-    assert records == GOOD
+    read, problems = read_journal(path)
+    assert read == GOOD
     assert problems == [f"{path}:3: a line over 1 MiB (the cap on one journal line)"]
 
     write_lines(path, [*journal_lines(GOOD[:2]), huge[: 2 << 20]])  # a live read meets it half written
@@ -246,7 +232,7 @@ def test_a_line_over_the_cap_is_named_once_and_the_next_lines_read(tmp_path):
 
 def test_a_journal_over_the_cap_is_read_up_to_it_and_said_once(tmp_path, monkeypatch):
     path = tmp_path / "journal" / "h-42.jsonl"
-    lines = journal_lines(GOOD) * 100  # 400 lines, ~190 bytes each
+    lines = journal_lines(GOOD) * 100  # 400 lines, ~160 bytes each
     write_lines(path, lines)
     monkeypatch.setenv(journal.ENV_JOURNAL_MAX, str(10_000 / 2**20))  # 10 000 bytes
     fits = next(i for i in range(len(lines)) if sum(map(len, lines[: i + 1])) > 10_000)
@@ -275,7 +261,7 @@ def test_reading_a_piece_at_a_time_gives_what_one_read_would(tmp_path, monkeypat
             monkeypatch.setenv(journal.ENV_JOURNAL_MAX, str(cap / 2**20))
         path = tmp_path / f"h-{rng.randrange(10**9)}.jsonl"
         sizes = [rng.choice([0, 10, 300, 380, 399, 1500]) for _ in range(60)]  # a line: ~40 bytes + this
-        lines = [dumps(rec("warning", i + 1, message="m" * n)) for i, n in enumerate(sizes)]
+        lines = [dumps(records.warning(i + 1, "m" * n)) for i, n in enumerate(sizes)]
         data = "".join(line + "\n" for line in lines)
         unended = rng.random() < 0.5  # the last line without its newline (a final read takes it)
         if unended:

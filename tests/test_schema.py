@@ -1,4 +1,4 @@
-"""One schema, one set of names: what the writers write is what ``records`` defines, and the phase
+"""One schema, one set of names: what the writers write is what ``schema`` defines, and the phase
 names readers test (``keys``) are the ones ``patches/`` gives its root and ready phases."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def _fields(kind: str) -> frozenset[str]:
 
 def test_every_record_the_writers_write_is_in_the_schema(trace_run_dir: Path) -> None:
     """Records from the real writers (runtime, spans, collectives, heartbeat, watchdog): each one
-    valid, each field one ``schema.SCHEMA`` lists (a field a writer adds must be added there)."""
+    valid, each field one of its kind's ``schema`` Struct (a field a writer adds must be added there)."""
     root = spans.start_phase("rank tp0", {keys.PHASE: keys.PHASE_RANK}, root=True)
     rt = runtime.current()
     rt.set_identity(role="rank", tp=0)

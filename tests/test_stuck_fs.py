@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 from conftest import kill_group, read_journal
 from sglang_phasetrace.tracing import files
+from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.journal.writer import JournalWriter
 
 BOUND_S = 0.5  # SGLANG_PHASETRACE_WRITE_WAIT_S for the programs here
@@ -223,11 +224,11 @@ def test_a_run_directory_that_does_not_answer_at_start_turns_tracing_off_within_
 def test_a_forked_child_writes_on_its_own_not_behind_its_parents_writer_thread(tmp_path: Path) -> None:
     """The writer thread does not survive fork: the child's first write starts its own."""
     writer = JournalWriter(tmp_path / "p.jsonl", wait_s=BOUND_S)
-    assert writer.write({"kind": "warning", "t": 1, "message": "parent"})  # the writer thread runs
+    assert writer.write(records.warning(1, "parent"))  # the writer thread runs
     a, b = socket.socketpair()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
-        ok = writer.write({"kind": "warning", "t": 2, "message": "child"})
+        ok = writer.write(records.warning(2, "child"))
         b.send(b"1" if ok else b"0")
         os._exit(0)
     try:
@@ -237,9 +238,9 @@ def test_a_forked_child_writes_on_its_own_not_behind_its_parents_writer_thread(t
         os.waitpid(pid, 0)
         a.close()
         b.close()
-    assert writer.write({"kind": "warning", "t": 3, "message": "parent again"})
-    records, problems = read_journal(writer.path)
-    assert problems == [] and [r["t"] for r in records] == [1, 2, 3]
+    assert writer.write(records.warning(3, "parent again"))
+    written, problems = read_journal(writer.path)
+    assert problems == [] and [r["t"] for r in written] == [1, 2, 3]
     writer.close()
 
 
@@ -260,7 +261,7 @@ def test_a_disk_that_answers_again_gets_what_queued_in_order_then_a_note(
     path = tmp_path / "p.jsonl"
     writer = JournalWriter(path, wait_s=0.2)
     writer.HELD = 3
-    assert writer.write({"kind": "warning", "t": 0, "message": "before"})
+    assert writer.write(records.warning(0, "before"))
     answer, real = threading.Event(), files.write_all
 
     def stuck(fd: int, data: bytes) -> None:
@@ -269,9 +270,9 @@ def test_a_disk_that_answers_again_gets_what_queued_in_order_then_a_note(
 
     monkeypatch.setattr(files, "write_all", stuck)
     t0 = time.monotonic()
-    assert not writer.write({"kind": "warning", "t": 1, "message": "stuck"})  # waited 0.2 s: stuck
+    assert not writer.write(records.warning(1, "stuck"))  # waited 0.2 s: stuck
     waited = time.monotonic() - t0
-    assert all(not writer.write({"kind": "warning", "t": t, "message": "queued"}) for t in range(2, 8))
+    assert all(not writer.write(records.warning(t, "queued")) for t in range(2, 8))
     assert 0.2 <= waited and time.monotonic() - t0 < waited + 0.5  # the later ones did not wait
     assert writer.trouble() == {
         "error": "[Errno 110] no answer within 0.2 s",
@@ -284,11 +285,11 @@ def test_a_disk_that_answers_again_gets_what_queued_in_order_then_a_note(
     while not writer.flush() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert writer.trouble() is None
-    assert writer.write({"kind": "warning", "t": 8, "message": "after"})  # waited for, and written
-    records, problems = read_journal(path)
+    assert writer.write(records.warning(8, "after"))  # waited for, and written
+    written, problems = read_journal(path)
     assert problems == []
-    assert [r["t"] for r in records[:5]] + [records[6]["t"]] == [0, 1, 5, 6, 7, 8]
-    assert "written late, 3 dropped" in records[5]["message"] and "[Errno 110]" in records[5]["message"]
+    assert [r["t"] for r in written[:5]] + [written[6]["t"]] == [0, 1, 5, 6, 7, 8]
+    assert "written late, 3 dropped" in written[5]["message"] and "[Errno 110]" in written[5]["message"]
     said = [r.getMessage() for r in caplog.records if r.name == "sglang_phasetrace"]
     assert len(said) == 1 and said[0].startswith(f"sglang-phasetrace: cannot write {path}: [Errno 110]")
     writer.close()

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from cli_fixtures import HOST, build_run
 from sglang_phasetrace.tracing.cli import main
+from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.reader.load import load_run
 from sglang_phasetrace.tracing.recorder import runtime
 from sglang_phasetrace.tracing.redact import REDACTED, printable
@@ -58,47 +59,30 @@ def hostile_run(tmp_path: Path) -> Path:
     big.write_text("OLDEST-LINE\n" + "x" * (MAX_STACK + 1000) + f"\ntoken=bigstack{OUTSIDE[:3]}secret\nNEWEST\n")
     launcher = path / "journal" / f"{HOST}-1000.jsonl"
     pid = run.pids[run.stalled]
+    stacks = ["/etc/passwd", "../../x", str(path / "stacks" / "link.txt"), "/dev/zero", str(big), "stacks/../../x"]
+    message = f"{OSC52}stalled; Authorization: Bearer diagsecret42"  # our watchdog would have redacted it
     _append(
         launcher,
-        {
-            "kind": "diagnosis",
-            "t": 1,
-            "finding": "straggler",
-            "label": run.stalled,
-            "pid": pid,
-            "phase": "dist.init_process_group",
-            "since_s": 90.0,
-            "waiting": {},
-            "stacks": [
-                "/etc/passwd",
-                "../../x",
-                str(path / "stacks" / "link.txt"),
-                "/dev/zero",
-                str(big),
-                "stacks/../../x",
-            ],
-            "message": f"{OSC52}stalled; Authorization: Bearer diagsecret42",
-        },
+        records.diagnosis(1, "straggler", run.stalled, pid, "dist.init_process_group", 90.0, message, {}, stacks),
     )
     rank0 = path / "journal" / f"{HOST}-{run.pids['tp0']}.jsonl"
     lines = [json.loads(line) for line in rank0.read_text().splitlines()]
     root = next(r for r in lines if r["kind"] == "begin")
     t = root["t"] + 1000
-    _append(
+    _append(  # hostile names and an unredacted secret: what a journal our writers did not make may hold
         rank0,
-        {"kind": "identity", "t": t, "label": EVIL_LABEL, "role": "rank", "attrs": {}},
-        {
-            "kind": "begin",
-            "t": t,
-            "span": "e" * 16,
-            "parent": root["span"],
-            "trace": root["trace"],
-            "name": EVIL_PHASE,
-            "attrs": {"sglang.phase": EVIL_PHASE, "note": f"x{OSC52}y"},
-            "thread": "Main",
-        },
-        {"kind": "end", "t": t + 10**8, "span": "e" * 16, "status": "ok", "attrs": {}},
-        {"kind": "warning", "t": t, "message": f"warn{OSC52} password=warnsecret43"},
+        records.identity(t, EVIL_LABEL, "rank", {}),
+        records.begin(
+            t,
+            "e" * 16,
+            root["span"],
+            root["trace"],
+            EVIL_PHASE,
+            {"sglang.phase": EVIL_PHASE, "note": f"x{OSC52}y"},
+            "Main",
+        ),
+        records.end(t + 10**8, "e" * 16, "ok", {}),
+        records.warning(t, f"warn{OSC52} password=warnsecret43"),
     )
     return path
 
@@ -225,21 +209,21 @@ def _hostile_journals(run: Path, now: int) -> None:
         pid = 100 + world
         root, phase = f"{world:x}{1:015x}", f"{world:x}{2:015x}"
         label = EVIL_LABEL if world == 0 else f"tp1{CSI_2J}"
-        records = [
-            {"kind": "process", "t": now - 300 * S, "pid": pid, "host": "other", "resource": {}},
-            {"kind": "identity", "t": now - 300 * S, "label": label, "role": "rank", "attrs": {}},
-            {"kind": "begin", "t": now - 300 * S, "span": root, "parent": None, "trace": "a" * 32, "name": "rank"},
-            {"kind": "begin", "t": now - 100 * S, "span": phase, "parent": root, "trace": "a" * 32, "name": EVIL_PHASE},
+        journal = [
+            records.process(now - 300 * S, pid, None, "other", run.name, None, {}),
+            records.identity(now - 300 * S, label, "rank", {}),
+            records.begin(now - 300 * S, root, None, "a" * 32, "rank", {}, "MainThread"),
+            records.begin(now - 100 * S, phase, root, "a" * 32, EVIL_PHASE, {}, "MainThread"),
         ]
         if world == 0:
-            records.append({"kind": "heartbeat", "t": now - 60 * S, "seq": 1, "phases": []})
+            journal.append(records.heartbeat(now - 60 * S, 1, pid, label, False, TH.heartbeat_s, [], 0.0, 0, 1))
         else:
-            error = {"type": "RuntimeError", "message": EVIL_MESSAGE}
-            records += [
-                {"kind": "end", "t": now - 90 * S, "span": phase, "status": "error", "attrs": {}, "error": error},
-                {"kind": "end", "t": now - 90 * S, "span": root, "status": "error", "attrs": {}, "error": error},
+            error = records.error("RuntimeError", EVIL_MESSAGE)
+            journal += [
+                records.end(now - 90 * S, phase, "error", {}, error),
+                records.end(now - 90 * S, root, "error", {}, error),
             ]
-        (run / "journal" / f"other-{pid}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (run / "journal" / f"other-{pid}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in journal))
 
 
 def test_printable_redacts_and_cleans():
@@ -272,28 +256,25 @@ def test_phasetrace_watch_output_is_clean(tmp_path: Path, capsys):
 HOSTILE_LAUNCH = r"""
 import json, os, sys, time
 from pathlib import Path
+from sglang_phasetrace.tracing.journal import records
 run = Path(os.environ["SGLANG_PHASETRACE_RUN_DIR"])
 (run / "journal").mkdir(parents=True, exist_ok=True)
 phase, label, message = json.loads(sys.argv[1])
 def write(pid, record):
-    record.setdefault("t", time.time_ns())
     with open(run / "journal" / f"h-{pid}.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
-trace = "ab" * 16
-write(1, {"kind": "process", "pid": 1, "host": "h"})
-write(1, {"kind": "identity", "label": "launcher", "role": "launcher"})
-write(1, {"kind": "begin", "span": "0" * 16, "parent": None, "trace": trace, "name": "sglang.launch",
-          "attrs": {"sglang.phase": "launch.engine"}})
-write(11, {"kind": "process", "pid": 11, "host": "h"})
-write(11, {"kind": "identity", "label": label, "role": "rank"})
-write(11, {"kind": "begin", "span": "1" * 16, "parent": "0" * 16, "trace": trace, "name": "rank",
-           "attrs": {"sglang.phase": "rank"}})
-write(11, {"kind": "begin", "span": "2" * 16, "parent": "1" * 16, "trace": trace, "name": phase,
-           "attrs": {"sglang.phase": phase}})
+now, trace = time.time_ns, "ab" * 16
+write(1, records.process(now(), 1, None, "h", run.name, None, {}))
+write(1, records.identity(now(), "launcher", "launcher", {}))
+write(1, records.begin(now(), "0" * 16, None, trace, "sglang.launch", {"sglang.phase": "launch.engine"}, "MainThread"))
+write(11, records.process(now(), 11, 1, "h", run.name, None, {}))
+write(11, records.identity(now(), label, "rank", {}))
+write(11, records.begin(now(), "1" * 16, "0" * 16, trace, "rank", {"sglang.phase": "rank"}, "MainThread"))
+write(11, records.begin(now(), "2" * 16, "1" * 16, trace, phase, {"sglang.phase": phase}, "MainThread"))
 time.sleep(1.0)
-error = {"type": "RuntimeError", "message": message}
-write(11, {"kind": "end", "span": "2" * 16, "status": "error", "error": error})
-write(11, {"kind": "end", "span": "1" * 16, "status": "error", "error": error})
+error = records.error("RuntimeError", message)
+write(11, records.end(now(), "2" * 16, "error", {}, error))
+write(11, records.end(now(), "1" * 16, "error", {}, error))
 time.sleep(0.5)
 sys.exit(3)
 """

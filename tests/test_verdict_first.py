@@ -57,7 +57,7 @@ def test_report_opens_with_the_verdict_and_shows_the_culprits_stack(tmp_path: Pa
         run.path / "journal" / f"{HOST}-{run.pids['tp1']}.jsonl",
         time.time_ns(),
         "incomplete",
-        {"type": "Signal", "message": "process received SIGTERM"},
+        records.error("Signal", "process received SIGTERM"),
     )
     out = tmp_path / "r.html"
     assert main(["report", str(run.path), "-o", str(out)]) == 0
@@ -178,26 +178,24 @@ def test_status_names_dead_and_never_started_ranks(tmp_path: Path, capsys) -> No
 VOICE = r"""
 import json, os, signal, socket, subprocess, sys, time
 from pathlib import Path
+from sglang_phasetrace.tracing.journal import records
 run = Path(os.environ["SGLANG_PHASETRACE_RUN_DIR"])
 (run / "journal").mkdir(parents=True, exist_ok=True)
 host, me, mode = socket.gethostname(), os.getpid(), sys.argv[1]
 files = {}
 def write(pid, record):
-    record.setdefault("t", time.time_ns())
     f = files.setdefault(pid, open(run / "journal" / f"{host}-{pid}.jsonl", "a"))
     f.write(json.dumps(record) + "\n"); f.flush()
 rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-trace, root = "ab" * 16, "1" * 16
-write(me, {"kind": "process", "pid": me, "host": host})
-write(me, {"kind": "identity", "label": "launcher", "role": "launcher"})
-write(me, {"kind": "begin", "span": root, "parent": None, "trace": trace, "name": "sglang.launch",
-           "attrs": {"sglang.phase": "launch.engine"}})
-write(rank.pid, {"kind": "process", "pid": rank.pid, "host": host})
-write(rank.pid, {"kind": "identity", "label": "tp1", "role": "rank"})
-write(rank.pid, {"kind": "begin", "span": "2" * 16, "parent": root, "trace": trace, "name": "rank tp1",
-                 "attrs": {"sglang.phase": "rank"}})
-write(rank.pid, {"kind": "begin", "span": "3" * 16, "parent": "2" * 16, "trace": trace, "name": "model.loader",
-                 "attrs": {"sglang.phase": "model.loader"}})
+now, trace, root = time.time_ns, "ab" * 16, "1" * 16
+write(me, records.process(now(), me, None, host, run.name, None, {}))
+write(me, records.identity(now(), "launcher", "launcher", {}))
+write(me, records.begin(now(), root, None, trace, "sglang.launch", {"sglang.phase": "launch.engine"}, "MainThread"))
+write(rank.pid, records.process(now(), rank.pid, None, host, run.name, None, {}))
+write(rank.pid, records.identity(now(), "tp1", "rank", {}))
+write(rank.pid, records.begin(now(), "2" * 16, root, trace, "rank tp1", {"sglang.phase": "rank"}, "MainThread"))
+write(rank.pid, records.begin(now(), "3" * 16, "2" * 16, trace, "model.loader", {"sglang.phase": "model.loader"},
+                              "MainThread"))
 time.sleep(1.5)
 rank.kill(); rank.wait()
 time.sleep(1.0)  # phasetrace run sees the rank gone while this launcher still runs
@@ -205,11 +203,10 @@ if mode == "killed":
     os.kill(me, signal.SIGKILL)
 message = f"rank tp1 (pid {rank.pid}) was killed by SIGKILL (likely the OOM killer) in 'model.loader' after 2 s"
 print(f"sglang-phasetrace: DIED {message}", file=sys.stderr, flush=True)
-write(me, {"kind": "exit", "pid": rank.pid, "host": host, "label": "tp1", "code": None, "signal": "SIGKILL"})
-write(me, {"kind": "diagnosis", "finding": "died", "label": "tp1", "pid": rank.pid, "phase": "model.loader",
-           "since_s": 2.0, "message": message, "waiting": {}, "stacks": []})
+write(me, records.exit(now(), rank.pid, host, "tp1", None, "SIGKILL"))
+write(me, records.diagnosis(now(), "died", "tp1", rank.pid, "model.loader", 2.0, message, {}, []))
 print(f"sglang-phasetrace: ROOT CAUSE {message}", file=sys.stderr, flush=True)
-write(me, {"kind": "end", "span": root, "status": "incomplete", "error": {"message": "process exited"}})
+write(me, records.end(now(), root, "incomplete", {}, records.error(None, "process exited")))
 time.sleep(1.0)
 sys.exit(1)
 """

@@ -14,6 +14,8 @@ GPU_ID = "sglang.gpu_id"
 ROLE = "sglang.role"
 RANK_LABEL = "sglang.rank"
 SGLANG_VERSION = "sglang.version"
+TORCH_VERSION = "torch.version"  # resource attribute, where torch is imported when tracing starts
+DEVICE_MODEL = "sglang.device_model"  # resource attribute: "NVIDIA H200" (the driver's name), where known
 RUN_ID = "phasetrace.run_id"
 # Multi-node: which node of the launch this process runs on, and the launch all nodes share.
 NODE_RANK = "sglang.node_rank"
@@ -28,13 +30,27 @@ TARGET = "phasetrace.target"
 AFTER_READY = "phasetrace.after_ready"
 ALIVE_AT_TEARDOWN = "phasetrace.alive_pids"  # on launch.teardown: local ranks the launcher saw running then
 INCOMPLETE = "phasetrace.incomplete"
+# The start ends when the launch serves (``tracing.phases``). On a root span's end: it ended because
+# serving began (the launch's "ready to roll", ``Engine.__init__`` returned; a rank: its launch serves).
+SERVING = "phasetrace.serving"
+# The event on a rank's root when its own init is done (``Scheduler.__init__`` returned) while its
+# launch does not serve yet: the rank is "initialised" until then, and still watched.
+INITIALISED = "phasetrace.initialised"
+# In an export, on a process (Jaeger process tag, OTLP resource, Perfetto process label): its state as
+# the reader saw it: ``running``, ``initialised``, ``ready``, ``serving`` (a launcher), ``failed`` …
+PROCESS_STATE = "phasetrace.state"
 SNAPSHOT = "phasetrace.snapshot"  # on spans a snapshot export closed for the reader (still open in the run)
 
 # Phase attributes readers use (set by patches/, read by the watchdog and the renderers).
 GROUP_NAME = "sglang.group_name"  # a communication group: phases per group are told apart
 IS_DRAFT = "sglang.is_draft"  # a speculative draft model's phase, told apart from the target's
+SERVER_ARGS = "sglang.server_args"  # the launch's server arguments, redacted JSON (``patches/_attrs``)
+MODEL_CONFIG = "sglang.model_config"  # a hash of the model's config.json, read where the path resolves
+DRAFT_MODEL_CONFIG = "sglang.draft_model_config"  # ... and of the speculative draft model's
 SHAPE_INDEX = "sglang.shape_index"  # graph capture progress: this shape's 1-based index ...
 CAPTURE_SHAPES = "sglang.capture_shapes"  # ... of this many
+FORWARD_MODE = "sglang.forward_mode"  # a warm-up forward pass: ``extend``, ``decode``, ``idle`` … (the enum's name)
+BATCH_SIZE = "sglang.batch_size"  # ... and its batch size
 
 # The watchdog's event on a stalled process's root span.
 STALL_EVENT = "phasetrace.stall"
@@ -49,6 +65,7 @@ PHASE_RANK = "rank"
 PHASE_LAUNCH_ENGINE = "launch.engine"
 PHASE_LAUNCH_SERVER = "launch.server"
 PHASE_WAIT_READY = "server.wait_ready"
+PHASE_WARMUP = "server.warmup"  # a rank's forward pass between its own init and serving (the server's warm-up)
 ROOT_PHASES = frozenset({PHASE_RANK, PHASE_LAUNCH_ENGINE, PHASE_LAUNCH_SERVER})
 READY_PHASES = frozenset({PHASE_WAIT_READY})
 
@@ -77,4 +94,9 @@ ENV_LAUNCHER = "SGLANG_PHASETRACE_LAUNCHER"  # pid of the traced launcher; its c
 ENV_TRACEPARENT = "TRACEPARENT"
 ENV_LAUNCH_ID = "SGLANG_PHASETRACE_LAUNCH_ID"  # names the launch on every node (multi-node); overrides job ids
 ENV_NODE = "SGLANG_PHASETRACE_NODE"  # set by a node's launcher for its children: "NODE_RANK/NNODES"
+# Set by a ``launch_server`` launcher for the ranks it spawns: the name of the file in the run directory
+# it creates when the launch serves; until it appears, its initialised ranks are still starting. Unset
+# (an ``Engine``, a node ≥ 1 of a multi-node launch): a rank serves once its own init is done.
+ENV_SERVING = "SGLANG_PHASETRACE_SERVING"
+ENV_HISTORY = "SGLANG_PHASETRACE_HISTORY"  # where the history of starts is (a path), or "0": none
 DEFAULT_BASE_DIR = "phasetrace-runs"

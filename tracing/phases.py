@@ -10,14 +10,21 @@ reads; ``patches/spec.py`` refuses, at import, a phase that sets any other):
   and never made current (the consumer runs between items). After ready, ``after_ready="skip"``
   makes them go quiet; otherwise their spans are labelled ``phasetrace.after_ready``.
 * ``rank``: the process root ``rank tp1 … @ host:pid`` from process start, and a closed
-  ``rank.bootstrap`` span for the time before it (imports, spawn); the root's end is rank ready.
+  ``rank.bootstrap`` span for the time before it (imports, spawn). When its call returns the rank is
+  *initialised*; its root ends (it is ready) when its launch serves (``recorder.serving``): at once
+  for an ``Engine``, at "ready to roll" for ``launch_server`` (until then: the ``INITIALISED`` event
+  on the root, heartbeats in the journal, collectives recorded, watched).
+* ``warmup``: a forward pass of an initialised rank whose launch does not serve yet, traced like
+  ``call`` (its collectives recorded); untraced before (inside an init phase) and once serving.
 * ``launch``: the launcher's root ``sglang.launch`` from process start; ranks spawned from then on
   inherit it (``TRACEPARENT``) and the launcher's watchdog starts. It ends when the call returns
-  if the phase ``ends_root`` (``Engine.__init__``), else at server ready (a ``ready`` phase).
+  if the phase ``ends_root`` (``Engine.__init__``), else at server ready (a ``ready`` phase). Either
+  way the launch then serves: the root says so (``SERVING``) and its ranks are told.
 * ``ready``: when its exit hook reports ``ready``, the launch root ends and the process is ready;
   when the call fails or never saw ready, the launch root ends as an error.
 * ``collective``: no span: a ``collective`` journal record in and out (``tracing.collectives``),
-  until ready.
+  until ready; an initialised rank records only those of its warm-up passes (not its scheduler
+  loop's, which polls its peers thousands of times a second).
 
 Hooks run inside containment: one that raises costs its own report only, said once per phase
 and hook. ``enter`` never raises: None means "run the call untraced". SGLang's exceptions are
@@ -34,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import keys, process_state
-from .recorder import collectives, launch, otlp, runtime, spans
+from .recorder import collectives, launch, otlp, runtime, serving, spans
 from .recorder.identity import ranks_from_attrs
 
 log = logging.getLogger("sglang_phasetrace")
@@ -47,6 +54,7 @@ USES: dict[str, frozenset[str]] = {
     "rank": frozenset({"exit"}),
     "launch": frozenset({"exit", "ends_root"}),
     "ready": frozenset({"exit"}),
+    "warmup": frozenset({"exit"}),
     "collective": frozenset(),  # its enter hook names the group: ``{"group": ...}``
 }
 LAUNCH_ROOT = "sglang.launch"
@@ -93,6 +101,10 @@ def enter(phase: PhaseSpec, call: CallInfo) -> Handle | None:
         rt = runtime.current()
         if phase.kind == "collective":
             return _enter_collective(rt, phase, call, start)
+        if phase.kind == "warmup" and not serving.warmup_pass(rt):  # not between init and serving
+            if rt.ready:
+                rt.count_runtime_call(phase.name, time.perf_counter_ns() - start)
+            return None
         guard = (phase.name, id(call.instance))
         in_flight = _in_flight()
         # quiet after ready, or re-entered (a super() chain, a nested alias): the outer span covers it
@@ -115,6 +127,8 @@ def enter(phase: PhaseSpec, call: CallInfo) -> Handle | None:
         if report.progress:
             span.progress(**report.progress)
         in_flight.add(guard)
+        if phase.kind == "warmup":  # its collectives are recorded (``_enter_collective``)
+            process_state.STATE.local.warmup = getattr(process_state.STATE.local, "warmup", 0) + 1
         return Handle(rt, phase, call, span, guard, time.perf_counter_ns() - start if rt.ready else None)
     except Exception as exc:
         log.warning("sglang-phasetrace: %s not traced: %r", phase.name, exc)
@@ -166,6 +180,8 @@ class Handle:
     def _exit(self, result: Any, exc: BaseException | None) -> None:
         rt, kind = self.rt, self.phase.kind
         _in_flight().discard(self.guard)
+        if kind == "warmup":
+            process_state.STATE.local.warmup -= 1
         report = _run(self.phase, "exit", self.phase.exit, self.call, result)
         if report.attrs:
             self.span.set(dict(report.attrs))
@@ -176,10 +192,22 @@ class Handle:
         if kind == "launch" and owns_root and exc is None and not self.phase.ends_root:
             self.span.detach()
             return  # launch_server: the root ends at ready (or as incomplete at exit)
+        if kind == "rank" and owns_root and exc is None:
+            rt.initialised = True
+            marker = serving.marker_of(rt)
+            if marker is not None:  # launch_server: initialised; the start ends when the launch serves
+                self.span.detach()
+                self.span.event(keys.INITIALISED)
+                serving.await_launch(rt, marker, lambda since: _ready(rt, end_ns=since))
+                return
+        if exc is None and owns_root:  # the process's start is over: it serves
+            self.span.detach()
+            _ready(rt)
+            return
         self.span.end(exc)
         if exc is not None and owns_root:  # the process failed: it is about to be torn down
             otlp.flush(rt.provider, 2.0)
-        if exc is None and (owns_root or (kind == "ready" and report.ready)):
+        if exc is None and kind == "ready" and report.ready:
             _ready(rt)
         elif kind == "ready" and rt.root is not None:
             failed = exc or RuntimeError("the server did not become ready (warmup failed)")
@@ -212,6 +240,8 @@ def _enter_collective(rt: runtime.Runtime, phase: PhaseSpec, call: CallInfo, sta
         return None
     if not rt.started:
         return None
+    if rt.initialised and not getattr(process_state.STATE.local, "warmup", 0):
+        return None  # an initialised rank's scheduler loop, between warm-up passes: not init work
     op = call.target.rpartition(".")[2].rpartition(":")[2]
     try:
         group = str(_run(phase, "enter", phase.enter, call).attrs.get("group", "?"))
@@ -253,6 +283,7 @@ def _launch_root(rt: runtime.Runtime, attrs: dict[str, Any], attach: bool) -> sp
     if root is None:
         return None
     spans.export_traceparent(root.span)
+    serving.tell_ranks(rt, attrs.get(keys.PHASE) == keys.PHASE_LAUNCH_SERVER and (node is None or node.rank == 0))
     from .verdicts import watchdog
 
     dog = watchdog.start_in_launcher(rt)
@@ -297,14 +328,21 @@ def _join_nodes(rt: runtime.Runtime, dog: Any, node: launch.Node, attrs: dict[st
         for size in sizes:
             per_node *= size if isinstance(size, int) and size > 0 else 1
         dog.expect_ranks, dog.node = max(1, per_node // node.nnodes), node.rank
-        dog.when_ranks_ready = lambda: _ready(rt)
+        dog.when_ranks_ready = lambda: _ready(rt, serves=False)  # node 0's launcher says when the launch serves
 
 
-def _ready(rt: runtime.Runtime) -> None:
-    """The process is ready: its root ends well, and the ready hooks run (``Runtime.mark_ready``)."""
+def _ready(rt: runtime.Runtime, serves: bool = True, end_ns: int | None = None) -> None:
+    """The process is ready: its root ends well (saying that serving began, where it did; a rank
+    that learnt it from its launcher: when the launch began to serve), a launcher tells its ranks,
+    and the ready hooks run (``Runtime.mark_ready``)."""
     root = rt.root
+    end_ns = time.time_ns() if end_ns is None else max(end_ns, getattr(root, "start_time", None) or 0)
     if root is not None and root.is_recording():
-        spans.PhaseSpan(rt, root, None).end(end_ns=time.time_ns())
+        if serves:
+            root.set_attribute(keys.SERVING, True)
+        spans.PhaseSpan(rt, root, None).end(end_ns=end_ns)
+    if serves:
+        serving.announce(rt, end_ns)
     rt.mark_ready()
 
 

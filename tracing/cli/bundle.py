@@ -232,7 +232,7 @@ def phase_table(lay: Layout, verdicts: dict[int, Any], limit: int | None) -> str
     out = ["| " + " | ".join(cell(h) for h in head) + " |", "|" + "---|" * len(head)]
     for lane in rows:
         finding = verdicts.get(lane.proc.pid)
-        where = lane.where if lane.state != "ready" else None
+        where = lane.where if lane.state not in ("ready", "serving") else None
         values = [
             lane.label,
             lane.proc.host,

@@ -13,9 +13,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from rich.console import Console
-from rich.text import Text
-
 from .. import files, procs
 from ..journal import records
 from ..journal.layout import JOURNAL_DIR
@@ -25,6 +22,9 @@ from ..reader.run import RunView
 from ..redact import printable
 
 if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
+
     from ..render.lanes import Held
 
 # Exit codes beyond 0 (fine), 1 (error) and 2 (bad usage, from argparse).
@@ -163,6 +163,8 @@ def write_file(path: Path, write: Callable[[int], None]) -> None:
 
 def make_console(width: int | None = None) -> Console:
     """Rich console; off a terminal (pipe, log) wide enough that table rows never wrap."""
+    from rich.console import Console  # the verbs that print tables: not loaded for an export or a report
+
     console = Console(highlight=False, width=width, soft_wrap=True)
     if width is None and not console.is_terminal:
         console = Console(highlight=False, width=max(console.width, 200), soft_wrap=True)

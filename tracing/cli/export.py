@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
 from ..redact import printable
-from ..render.jaeger import jaeger_chunks, to_jaeger
-from ..render.jsonout import dumps
-from ..render.lanes import Layout, layout
-from ..render.otlp_json import to_otlp_json
-from ..render.perfetto import to_perfetto
+from ..render.jaeger import jaeger_chunks
+from ..render.lanes import Held, Layout, layout
+from ..render.otlp_json import otlp_chunks
+from ..render.perfetto import perfetto_chunks
 from ..verdicts.diagnose import Finding
 from ..verdicts.findings import findings
-from .command import RUN_DIRS_HELP, CommandError, open_run, write_chunks, write_output
+from .command import RUN_DIRS_HELP, CommandError, open_run, write_chunks
 
-FORMATS: dict[str, Callable[..., dict[str, Any]]] = {
-    "jaeger": to_jaeger,
-    "otlp-json": to_otlp_json,
-    "perfetto": to_perfetto,
+# format -> its document a piece at a time, each lane's made where its spans are (a split run's child)
+FORMATS: dict[str, Callable[[Layout, list[Finding]], Iterator[bytes | Held]]] = {
+    "jaeger": jaeger_chunks,
+    "otlp-json": otlp_chunks,
+    "perfetto": perfetto_chunks,
 }
 BATCH = 512  # spans per OTLP request: well under a collector's default 4 MiB message limit
 
@@ -30,10 +29,7 @@ def export_file(lay: Layout, fmt: str, output: str | None, found: list[Finding] 
     """The verdict's culprit phase is flagged; ``found`` defaults to the verdicts at the run's last
     record (like the report: an old run is not judged by today's clock)."""
     found = findings(lay.run, lay.end) if found is None else found
-    if fmt == "jaeger":  # the largest: written a lane at a time
-        write_chunks(jaeger_chunks(lay, found), output)
-        return
-    write_output(dumps(FORMATS[fmt](lay, found)), output)
+    write_chunks(FORMATS[fmt](lay, found), output)
 
 
 def send(lay: Layout, endpoint: str, protocol: str, headers: dict[str, str], timeout: float) -> int:
@@ -107,7 +103,7 @@ for it carry phasetrace.waiting_for.
         parser.add_argument("--timeout", type=float, default=10.0, metavar="S", help="OTLP request timeout")
 
     def run(self, args: argparse.Namespace) -> int:
-        split = args.format == "jaeger" and not args.endpoint  # its spans made where they were read
+        split = not args.endpoint  # each lane's spans made where they were read
         lay = layout(open_run(*args.run_dirs, split=split))
         if args.endpoint:
             headers = dict(h.split("=", 1) for h in args.header if "=" in h)

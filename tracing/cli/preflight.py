@@ -31,7 +31,17 @@ from ..render.run_text import status_line
 from ..verdicts.diagnose import Finding
 from ..verdicts.findings import ENDED, alarms, by_process
 from .command import EXIT_FAILED, EXIT_STALLED, CommandError, make_console
-from .preflight_plan import NotLaunchServer, estimate, gigabytes, rewrite, span
+from .preflight_plan import (
+    WEIGHT_PHASES,
+    Earlier,
+    NotLaunchServer,
+    earlier,
+    estimate,
+    gigabytes,
+    real_launch,
+    rewrite,
+    span,
+)
 from .run import LiveLine, Run
 
 GRACE_S = 30.0  # SIGTERM to SIGKILL
@@ -68,6 +78,30 @@ def read_rate(path: Path, limit: int = SAMPLE) -> tuple[float, int]:
             done += n
         elapsed = time.perf_counter() - t0
     return done / max(elapsed, 1e-6), done
+
+
+def earlier_starts(view: RunView) -> Earlier | None:
+    """The real launch's earlier starts that became ready, from the history of the pre-flight's
+    base directory (``tracing.history``); None without history or without such a start. A history
+    that cannot be read: its one warning, and the estimate from the pre-flight alone."""
+    from ..history import fingerprint
+    from ..history.store import History, HistoryError, _warn, of_run_dir
+
+    fp, where = fingerprint.of_run(view), of_run_dir(view.path)
+    if fp is None or where is None:
+        return None
+    try:
+        with History.open(where) as history:
+            fid = real_launch(fp.fields, ((la.id, la.fields) for la in history.launches()))
+            if fid is None:
+                return None
+            totals = [s.total_s for s in history.starts(fid) if s.outcome == "ready"]
+            weights = history.usuals(fid).get(WEIGHT_PHASES[0])
+    except HistoryError as exc:
+        if exc.kind != "missing":
+            _warn(exc, "the estimate is made without it")
+        return None
+    return earlier(fid, totals, weights.median if weights is not None else None)
 
 
 class Leader(subprocess.Popen):
@@ -208,6 +242,11 @@ known-fix hints (said by the watchdog), without waiting for the deadline; not re
             self.first = alarms(found)[0]
         super().finish(lay, found, quiet)
 
+    def history_outcome(self) -> str | None:
+        """A pre-flight stops the launch itself at ready or at the first verdict: its start is
+        interrupted only when someone stopped it, or the deadline did."""
+        return "interrupted" if self.outcome in ("interrupted", "deadline") else None
+
     def enforce(self, view: RunView) -> None:
         """The deadline, a stop someone asked for, and SIGKILL after the grace."""
         now = time.monotonic()
@@ -265,7 +304,7 @@ known-fix hints (said by the watchdog), without waiting for the deadline; not re
             make_console().print(
                 ranks_table(within_run(lay), "pre-flight: phases across ranks, largest skew first", 20)
             )
-            say(estimate(view, size, rate).text())
+            say(estimate(view, size, rate, earlier_starts(view)).text())
             how = f"node {self.node_rank}'s ranks were ready; " if self.node_ready else "ready; stopped it; "
             say(f"PASSED after {span(elapsed)}: {how}run directory {view.path}")
             return 0

@@ -1,6 +1,7 @@
 """Pre-flight arithmetic, pure: rewrite an ``sglang.launch_server`` argument list to load dummy
 weights (target and draft), optionally shrink what does not matter for a hang, and estimate the
-real start from a pre-flight run plus the checkpoint's size and a measured read rate.
+real start from a pre-flight run plus the checkpoint's size and a measured read rate — or, where
+the history holds earlier starts of the real launch, from those.
 
 Dummy weights: ``--load-format dummy`` for the target; SGLang 0.5.23 loads the draft with
 ``--speculative-draft-load-format`` when given, else with ``--load-format`` — we set both, so the
@@ -9,7 +10,10 @@ draft is dummy on releases whose draft does not follow the target's format too.
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from .. import keys
 from ..reader.run import RunView, SpanRec
@@ -20,6 +24,8 @@ DRAFT_PATH = ("--speculative-draft-model-path", "--speculative-draft-model")
 MODEL_PATH = ("--model-path", "--model")
 WEIGHT_PHASES = ("model.load_weights",)  # target and every draft runner: siblings, not nested
 GRAPH_PHASES = ("scheduler.init_cuda_graphs", "graph.init", "eagle.draft_graphs")
+# server arguments a pre-flight changes: its launch fingerprint is the real launch's but for these
+PREFLIGHT_ARGS = ("load_format", "speculative_draft_load_format", "max_total_tokens")
 
 
 class NotLaunchServer(ValueError):
@@ -99,6 +105,42 @@ def rewrite(command: list[str], shrink: bool = False, total_tokens: int = SHRUNK
 
 
 @dataclass
+class Earlier:
+    """The real launch's earlier starts that became ready (``tracing.history``)."""
+
+    launch: str  # its fingerprint id
+    starts: int
+    median_s: float  # launcher start to ready
+    p95_s: float
+    weights_s: float | None  # the median of its slowest rank's weight loading
+
+
+def real_launch(preflight: dict[str, Any], launches: Iterable[tuple[str, dict[str, Any]]]) -> str | None:
+    """The fingerprint id (of ``launches``: (id, fields)) of the launch a pre-flight stands for: the
+    same fields but for the arguments the pre-flight changes (``PREFLIGHT_ARGS``), its weights read
+    (not a pre-flight itself); the first such, as given (the most recent first)."""
+
+    def without(fields: dict[str, Any]) -> dict[str, Any]:
+        args = {k: v for k, v in (fields.get("args") or {}).items() if k not in PREFLIGHT_ARGS}
+        return {**fields, "args": args}
+
+    mine = without(preflight)
+    for fid, fields in launches:
+        if (fields.get("args") or {}).get("load_format") != "dummy" and without(fields) == mine:
+            return fid
+    return None
+
+
+def earlier(fid: str, totals: list[float], weights_s: float | None) -> Earlier | None:
+    """``Earlier`` from the ready starts' times (and their usual weight loading); None without any."""
+    if not totals:
+        return None
+    ordered = sorted(totals)
+    p95 = ordered[max(0, -(-95 * len(ordered) // 100) - 1)]  # nearest rank: a value that occurred
+    return Earlier(fid, len(totals), statistics.median(totals), p95, weights_s)
+
+
+@dataclass
 class Estimate:
     launch_s: float  # the pre-flight's start, launcher start to ready
     dummy_weights_s: float  # the pre-flight's weight phases (dummy: no reading)
@@ -106,6 +148,7 @@ class Estimate:
     rest_s: float
     checkpoint_bytes: int | None
     read_rate: float | None  # bytes per second
+    earlier: Earlier | None = None  # the real launch's earlier starts, where the history has some
 
     @property
     def weights_s(self) -> float | None:
@@ -120,15 +163,30 @@ class Estimate:
         return None if weights is None else weights + self.graphs_s + self.rest_s
 
     def text(self) -> str:
-        """``expected start ≈ 14 min: weights ≈ 11 min (680 GB at ≈ 1.0 GB/s), graphs ≈ 2 min, the rest ≈ 1 min``."""
+        """``expected start ≈ 14 min: weights ≈ 11 min (680 GB at ≈ 1.0 GB/s), graphs ≈ 2 min, the rest ≈ 1 min``;
+        with earlier starts of the real launch, theirs first: ``expected start ≈ 15 min, as the 6
+        earlier starts of this launch (p95 17 min; weights 12 min); from this pre-flight: ≈ 14 min: …``."""
+        measured = self.measured()
+        e = self.earlier
+        if e is None:
+            return f"expected start{measured}"
+        weights = f"; weights {span(e.weights_s)}" if e.weights_s is not None else ""
+        starts = "the one earlier start" if e.starts == 1 else f"the {e.starts} earlier starts"
+        return (
+            f"expected start ≈ {span(e.median_s)}, as {starts} of this launch ({e.launch}; "
+            f"p95 {span(e.p95_s)}{weights}); from this pre-flight{measured}"
+        )
+
+    def measured(self) -> str:
+        """What the pre-flight and the read rate say: `` ≈ 14 min: weights ≈ …`` or ``: weights unknown …``."""
         tail = f"graphs ≈ {span(self.graphs_s)}, the rest ≈ {span(self.rest_s)}"
         weights, total = self.weights_s, self.total_s
         if weights is None or total is None:
             size = gigabytes(self.checkpoint_bytes) if self.checkpoint_bytes else "size unknown"
-            return f"expected start: weights unknown ({size}, read rate not measured), then {tail}"
+            return f": weights unknown ({size}, read rate not measured), then {tail}"
         assert self.checkpoint_bytes and self.read_rate
         return (
-            f"expected start ≈ {span(total)}: weights ≈ {span(weights)} ({gigabytes(self.checkpoint_bytes)} "
+            f" ≈ {span(total)}: weights ≈ {span(weights)} ({gigabytes(self.checkpoint_bytes)} "
             f"at ≈ {self.read_rate / 1e9:.1f} GB/s), {tail}"
         )
 
@@ -169,9 +227,12 @@ def _outermost(spans: list[SpanRec], phases: tuple[str, ...]) -> float:
     return sum((s.end - s.start) / NS for s in chosen.values() if s.end is not None and not inside(s))
 
 
-def estimate(run: RunView, checkpoint_bytes: int | None, read_rate: float | None) -> Estimate:
+def estimate(
+    run: RunView, checkpoint_bytes: int | None, read_rate: float | None, before: Earlier | None = None
+) -> Estimate:
     """The real start ≈ the pre-flight's start with its weight phases replaced by reading the
-    checkpoint at ``read_rate``. Per phase, the slowest rank (everyone waits for it)."""
+    checkpoint at ``read_rate``. Per phase, the slowest rank (everyone waits for it). ``before``:
+    the real launch's earlier starts, said first where there are some."""
     starts = [p.boot_t for p in run.processes if p.boot_t] + [s.start for p in run.processes for s in p.spans.values()]
     ends = [  # ready: the roots that ended well (not the teardown after it)
         s.end for p in run.processes for s in p.spans.values() if s.phase in keys.ROOT_PHASES and s.status == "ok"
@@ -181,4 +242,4 @@ def estimate(run: RunView, checkpoint_bytes: int | None, read_rate: float | None
     weights = max((_outermost(list(p.spans.values()), WEIGHT_PHASES) for p in ranks), default=0.0)
     graphs = max((_outermost(list(p.spans.values()), GRAPH_PHASES) for p in ranks), default=0.0)
     rest = max(0.0, launch - weights - graphs)
-    return Estimate(launch, weights, graphs, rest, checkpoint_bytes, read_rate)
+    return Estimate(launch, weights, graphs, rest, checkpoint_bytes, read_rate, before)

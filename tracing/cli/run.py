@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import files, keys
+from ..history.store import record
 from ..journal.writer import JournalWriter
 from ..reader.run import RunView
 from ..redact import printable
@@ -29,7 +30,7 @@ from ..render import verdict
 from ..render.lanes import Layout, layout
 from ..render.run_text import status_line, summary
 from ..render.verdict import rank_lanes
-from ..verdicts import hints, postmortem
+from ..verdicts import hints, postmortem, usual
 from ..verdicts.diagnose import Finding
 from ..verdicts.findings import ENDED, alarms, by_process, findings, gone_ranks, recorded, running
 from ..verdicts.watchdog import PREFIX, diagnosis_record
@@ -135,7 +136,8 @@ def milestone(lay: Layout, stalled: bool) -> str | None:
         return "failed"
     launchers = [lane for lane in lay.lanes if lane.proc.role == "launcher"]
     launched = all(
-        lane.state == "ready" or any(b.span.phase in keys.READY_PHASES and b.span.status == "ok" for b in lane.bars)
+        lane.state in ("ready", "serving")
+        or any(b.span.phase in keys.READY_PHASES and b.span.status == "ok" for b in lane.bars)
         for lane in launchers
     )
     return "ready" if ranks and launched and all(lane.state == "ready" for lane in ranks) else None
@@ -258,7 +260,7 @@ Returns the command's exit code.
             return reported
         verdicts = by_process(view, found)
         line.show(
-            status_line(lay, verdicts),
+            status_line(lay, verdicts, usual.known(view)),
             [(lane.label, lane.state, lane.where and lane.where.key) for lane in rank_lanes(lay)],
         )
         if self.speak(view, found, defer):  # the launcher is about to say it: the summary comes after
@@ -302,6 +304,13 @@ Returns the command's exit code.
                 printable(f"phasetrace: the command {ended(rc)}; report and exports updated in {view.path}"),
                 file=sys.stderr,
             )
+        if lay.lanes:  # the launcher recorded it too, unless it was killed: the same row, replaced
+            record(view, outcome=self.history_outcome())
+
+    def history_outcome(self) -> str | None:
+        """How the start ended, where this process knows better than the journals: stopped on request
+        (a Ctrl-C, a signal forwarded) before it was ready is an interruption, not a failure."""
+        return "interrupted" if self.stopping else None
 
     def failed(self, what: str, exc: Exception) -> None:
         """Say once that our own code failed (if stderr still takes it); the command runs on regardless."""

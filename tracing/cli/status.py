@@ -18,7 +18,9 @@ from ..reader.run import RunView
 from ..render.lanes import layout
 from ..render.status_table import StatusRow, status_rows, status_table, verdict_lines
 from ..render.term import text
-from ..verdicts.diagnose import Finding, Thresholds
+from ..verdicts import usual
+from ..verdicts.diagnose import Finding, Thresholds, suspects
+from ..verdicts.evidence.ranks import RankReader
 from ..verdicts.findings import ENDED, alarms, by_process, findings, gone_ranks
 from .command import EXIT_FAILED, EXIT_STALLED, RUN_DIRS_HELP, check_run_dir, make_console, report_problems
 
@@ -36,7 +38,9 @@ def exit_code(rows: list[StatusRow], found: list[Finding]) -> int:
 
 def finished(rows: list[StatusRow]) -> bool:
     """Nothing will change any more: every process ready, failed or gone."""
-    return bool(rows) and all(r.state in ("ready", "failed", "incomplete", "gone", "exited", "died") for r in rows)
+    return bool(rows) and all(
+        r.state in ("ready", "serving", "failed", "incomplete", "gone", "exited", "died") for r in rows
+    )
 
 
 class Status:
@@ -78,15 +82,25 @@ failed, so scripts can poll it:
         thresholds = Thresholds.from_env()
         if args.silent_after is not None:
             thresholds = dataclasses.replace(thresholds, silent_s=args.silent_after)
-        found = findings(view, now, thresholds, gone=gone_ranks(view))
+        # what a named or idle rank waits on, from /proc (this host's); children's CPU since the last frame
+        waits = self.__dict__.setdefault("waits", RankReader()).start(view)
+        found = findings(view, now, thresholds, gone=gone_ranks(view), read=waits)
         here = socket.gethostname()
         alive = {(p.host, p.pid): psutil.pid_exists(p.pid) for p in view.processes if p.host == here}
         rows = status_rows(lay, now, by_process(view, found), alive)
+        idle = {p.pid: ev for p in suspects(view, now, thresholds) if (ev := waits(p)) is not None}
+        for r in rows:
+            r.waits_on = idle[r.pid].text if r.pid in idle and not idle[r.pid].gone else ""
+        known = usual.known(view)  # the launch's earlier starts: each phase's usual time, the ETA
+        for r in rows if known is not None else ():
+            r.usual = usual.short(known.usuals.get(r.phase)) if r.phase and r.in_phase_s is not None else ""
+        self.outlook = usual.outlook(view, now, known)
         report_problems(view, said)  # the journals' and the status files' (read by the rows)
         unnamed = [f for f in found if f.pid not in {r.pid for r in rows if r.verdict}]
         extra = [text(f"{f.kind}: {f.message}", style="red") for f in unnamed]
         table = status_table(rows, f"{view.run_id}  ({len(rows)} processes)")
-        return rows, found, Group(table, *verdict_lines(rows), *extra)
+        history = [text(self.outlook["line"])] if self.outlook else []
+        return rows, found, Group(table, *verdict_lines(rows), *extra, *history)
 
     def run(self, args: argparse.Namespace) -> int:
         view = RunView(*(check_run_dir(path) for path in args.run_dirs))
@@ -113,6 +127,7 @@ failed, so scripts can poll it:
                             "exit_code": exit_code(rows, found),
                             "ranks": [r.to_json() for r in rows],
                             "findings": [dataclasses.asdict(f) for f in found],
+                            "history": self.outlook or None,
                         },
                         indent=1,
                     )

@@ -7,12 +7,14 @@ phase takes (the ``FIELDS`` table says which and why); everything else (ports, l
 keys, host names) is left out, so restarting the same launch tomorrow, on another node of the same
 kind, is the same fingerprint.
 
-Read from the run alone (the server arguments the launch root and each rank root carry), so
-whoever records a run (the launcher at the end of its start, ``phasetrace history --record``) gets
-the same id. Two things no journal holds yet are read from this host when the run ran here: the
-torch version (the installed one, when the run's SGLang version is the installed one) and the GPU
-model (NVML); the resource attributes ``TORCH_VERSION_ATTR`` / ``DEVICE_MODEL_ATTR`` take
-precedence once the runtime stamps them. Every free-form value (paths, strings of the server
+Read from the run alone, so whoever reads it (the launcher's watchdog from its first pass, the
+launcher again as the start ends, ``phasetrace run``, ``status``, ``history --record`` on another
+host) gets the same id: the server arguments and the model's config hash the launcher records as
+it starts its ranks (``launch.subprocesses``: before any rank runs), else those of the launcher's
+root or a rank's root (runs recorded before); the SGLang and torch versions and the GPU model from
+the processes' resource attributes (the runtime stamps them), else from this host when the run ran
+here. A fingerprint is ``settled`` once it is read from what will not change in the run (a reader
+of a start in progress may keep it). Every free-form value (paths, strings of the server
 arguments) goes through ``tracing.redact``.
 """
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -30,9 +32,9 @@ from .. import keys
 from ..reader.run import ProcessRec, RunView
 from ..redact import redact
 
-SERVER_ARGS_ATTR = "sglang.server_args"  # the redacted JSON ``patches/_attrs.server_args_json`` writes
-TORCH_VERSION_ATTR = "torch.version"  # resource attribute (to go to keys.py when the runtime sets it)
-DEVICE_MODEL_ATTR = "sglang.device_model"  # resource attribute: "NVIDIA H200" (ditto)
+SERVER_ARGS_ATTR = keys.SERVER_ARGS  # the redacted JSON ``patches/_attrs.server_args_json`` writes
+TORCH_VERSION_ATTR = keys.TORCH_VERSION  # resource attributes the runtime stamps
+DEVICE_MODEL_ATTR = keys.DEVICE_MODEL
 CONFIG_MAX = 4 << 20  # bytes of a model's config.json hashed (a real one is a few KiB)
 
 # Server arguments that change how long a start takes, by what they change. Names of every era
@@ -113,10 +115,12 @@ START_ARGS: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """``fields``: canonical (sorted, JSON-able) data; ``id``: 12 hex digits of its SHA-256."""
+    """``fields``: canonical (sorted, JSON-able) data; ``id``: 12 hex digits of its SHA-256;
+    ``settled``: read from what the run will not change (``of_run``)."""
 
     fields: dict[str, Any]
     id: str
+    settled: bool = field(default=True, compare=False)
 
     @property
     def summary(self) -> str:
@@ -152,17 +156,18 @@ def canonical(fields: dict[str, Any]) -> str:
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
 
 
-def make(fields: dict[str, Any]) -> Fingerprint:
-    return Fingerprint(fields, hashlib.sha256(canonical(fields).encode()).hexdigest()[:12])
+def make(fields: dict[str, Any], settled: bool = True) -> Fingerprint:
+    return Fingerprint(fields, hashlib.sha256(canonical(fields).encode()).hexdigest()[:12], settled)
 
 
 def of_run(run: RunView) -> Fingerprint | None:
-    """The run's fingerprint; None when nothing in it says what was launched (no launch root or
+    """The run's fingerprint; None when nothing in it says what was launched (no launcher span or
     rank root carried the server arguments: a start that failed before SGLang parsed them)."""
     procs = run.processes
-    attrs = _launch_attrs(procs)
-    if attrs is None:
+    found = _launch_attrs(procs)
+    if found is None:
         return None
+    attrs, settled = found
     args = server_args(attrs.get(SERVER_ARGS_ATTR))
     model_path = args.get("model_path", attrs.get("sglang.model_path"))
     layout = {
@@ -182,9 +187,11 @@ def of_run(run: RunView) -> Fingerprint | None:
     here = any(p.host == _this_host() for p in procs)
     sglang = resource.get(keys.SGLANG_VERSION)
     kind = args.get("device") if isinstance(args.get("device"), str) else None
+    hashed = keys.MODEL_CONFIG in attrs or keys.DRAFT_MODEL_CONFIG in attrs or attrs.get(keys.PHASE) == LAUNCHED
+    on_cpu = kind == "cpu"
     fields = {
-        "model": _model(model_path),
-        "draft": _model(draft) if draft else None,
+        "model": _model(model_path, attrs.get(keys.MODEL_CONFIG) if hashed else _config_hash),
+        "draft": _model(draft, attrs.get(keys.DRAFT_MODEL_CONFIG) if hashed else _config_hash) if draft else None,
         "layout": layout,
         "versions": {
             "sglang": sglang,
@@ -192,28 +199,38 @@ def of_run(run: RunView) -> Fingerprint | None:
         },
         "device": {
             "kind": kind or "auto",
-            "model": resource.get(DEVICE_MODEL_ATTR) or (_gpu_model_here(args) if here and kind != "cpu" else None),
+            "model": None if on_cpu else resource.get(DEVICE_MODEL_ATTR) or (_gpu_model_here(args) if here else None),
             "count": _devices(layout, args),
         },
         "args": chosen,
     }
-    return make(fields)
+    return make(fields, settled)
 
 
-def _launch_attrs(procs: list[ProcessRec]) -> dict[str, Any] | None:
-    """The attributes of the launch: the launcher's root (it has the server arguments once it
-    ended, an Engine's, or from its start, a server's), else a rank root's (from its start)."""
+LAUNCHED = "launch.subprocesses"  # the launcher's phase whose start carries the server arguments
+
+
+def _launch_attrs(procs: list[ProcessRec]) -> tuple[dict[str, Any], bool] | None:
+    """The attributes that say what was launched, and whether they are settled: the server
+    arguments the launcher recorded as it started its ranks (settled); else, for a run without
+    them, its root's (an Engine's has them once it ended: settled then; a server's from its start),
+    else a rank root's (settled where the run has no launcher)."""
+    launchers = [p for p in procs if p.role == "launcher"]
+    for proc in launchers:
+        for span in proc.spans.values():
+            if span.attrs.get(keys.PHASE) == LAUNCHED and SERVER_ARGS_ATTR in span.attrs:
+                return span.attrs, True
     best = None
     for proc in sorted(procs, key=lambda p: p.role != "launcher"):
         for span in proc.spans.values():
             if span.attrs.get(keys.PHASE) in keys.ROOT_PHASES:
                 a = span.attrs
                 if SERVER_ARGS_ATTR in a:
-                    return a
+                    return a, not launchers or (proc.role == "launcher" and span.end is not None)
                 if best is None and ("sglang.tp_size" in a or "sglang.model_path" in a):
                     best = a
                 break
-    return best
+    return None if best is None else (best, False)
 
 
 def server_args(text: Any) -> dict[str, Any]:
@@ -241,12 +258,15 @@ def server_args(text: Any) -> dict[str, Any]:
     return out
 
 
-def _model(path: Any) -> dict[str, Any]:
-    """The model's path (redacted) and a hash of its ``config.json`` where it is a local directory
-    this process can read: the same path holding another checkpoint is another launch."""
+def _model(path: Any, config: Any) -> dict[str, Any]:
+    """The model's path (redacted) and a hash of its ``config.json`` (the same path holding another
+    checkpoint is another launch): ``config`` as the launcher recorded it, or a function that hashes
+    it here (a run that did not record it)."""
     if not isinstance(path, str) or not path:
         return {"path": None, "config": None}
-    return {"path": redact(path, "model_path"), "config": _config_hash(path)}
+    if callable(config):
+        config = config(path)
+    return {"path": redact(path, "model_path"), "config": config if isinstance(config, str) else None}
 
 
 @lru_cache(maxsize=64)
@@ -297,9 +317,14 @@ def _torch_here(sglang: str | None) -> str | None:
 
 
 def _gpu_model_here(args: dict[str, Any]) -> str | None:
-    """The name of the launch's first GPU (``base_gpu_id``), through NVML; None without a driver."""
+    """The name of the launch's first GPU (``base_gpu_id``), as the runtime reads it, else through
+    NVML; None without a driver."""
     from ..recorder import gpu
 
+    base = args.get("base_gpu_id")
+    named = gpu.device_model(base if isinstance(base, int) else 0)
+    if named:
+        return named
     nvml = gpu._nvml()
     if nvml is None:
         return None

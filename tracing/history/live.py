@@ -9,38 +9,42 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .store import _CACHE, _LOCK, History, HistoryError, Usual, _warn, location
+from .store import History, HistoryError, Usual, _warn, location, memory
 
 
-def usuals(fingerprint_id: str, path: str | Path | None = None) -> dict[str, Usual]:
-    """Every phase of the fingerprint's earlier starts (``History.usuals``), in the order they begin."""
+def usuals(fingerprint_id: str, path: str | Path | None = None, exclude: Collection[str] = ()) -> dict[str, Usual]:
+    """Every phase of the fingerprint's earlier starts (``History.usuals``), in the order they
+    begin; ``exclude``: run ids left out (the start in progress, once it is recorded early)."""
     where = Path(path) if path is not None else location()
     if where is None:
         return {}
-    key = (str(where), fingerprint_id)
-    with _LOCK:
-        hit = _CACHE.get(key)
+    key = (str(where), fingerprint_id, frozenset(exclude))
+    mem = memory()
+    with mem.lock:
+        hit = mem.usuals.get(key)
         if hit is None:
-            hit = _CACHE[key] = _read(where, fingerprint_id)
+            hit = mem.usuals[key] = _read(where, fingerprint_id, key[2])
     return hit
 
 
-def _read(path: Path, fingerprint_id: str) -> dict[str, Usual]:
+def _read(path: Path, fingerprint_id: str, exclude: Collection[str]) -> dict[str, Usual]:
     try:
         with History.open(path) as history:
-            return history.usuals(fingerprint_id)
+            return history.usuals(fingerprint_id, exclude)
     except HistoryError as exc:
         if exc.kind != "missing":  # no history yet: nothing to say
-            _warn(f"read-{exc.kind}", f"history: {exc}; phases are judged without it")
+            _warn(exc, "phases are judged without it")
     except Exception as exc:  # a bug of ours must not reach the watchdog
-        _warn("read-bug", f"history: reading {path} failed ({exc!r}); phases are judged without it")
+        _warn(HistoryError(f"reading {path} failed ({exc!r})", "bug"), "phases are judged without it")
     return {}
 
 
-def usual(fingerprint_id: str, phase: str, path: str | Path | None = None) -> Usual | None:
+def usual(
+    fingerprint_id: str, phase: str, path: str | Path | None = None, exclude: Collection[str] = ()
+) -> Usual | None:
     """``phase`` (a phase key: ``model.load_weights [draft]``) in the fingerprint's earlier starts:
     n, median, p95, max (its slowest process's time in each); None when none of them ended it."""
-    return usuals(fingerprint_id, path).get(phase)
+    return usuals(fingerprint_id, path, exclude).get(phase)
 
 
 @dataclass
@@ -54,6 +58,7 @@ def eta(
     open_phases: Mapping[str, float],
     ended: Collection[str] = (),
     path: str | Path | None = None,
+    exclude: Collection[str] = (),
 ) -> Eta | None:
     """The expected remaining time of a start in progress. Its steps are the phases a rank runs
     one after another (depth 1: the children of the rank's root), in the order they usually begin;
@@ -62,7 +67,11 @@ def eta(
     plus the median of every step not begun yet. A step that usually begins before the furthest
     step this start has reached and is in neither is behind it (skipped this time). None without
     history, or when nothing given is one of the steps (the start cannot be placed)."""
-    known = usuals(fingerprint_id, path)
+    return eta_of(usuals(fingerprint_id, path, exclude), open_phases, ended)
+
+
+def eta_of(known: Mapping[str, Usual], open_phases: Mapping[str, float], ended: Collection[str] = ()) -> Eta | None:
+    """``eta`` from the fingerprint's phases already looked up."""
     steps = [u for u in known.values() if u.depth == 1 and u.role == "rank"]
     steps = steps or [u for u in known.values() if u.depth == 1]
     reached = [i for i, u in enumerate(steps) if u.phase in open_phases or u.phase in ended]

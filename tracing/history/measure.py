@@ -101,9 +101,12 @@ def _add(proc: ProcessRec, label: str, rows: dict[str, PhaseRow], started: int, 
     keyed: dict[tuple, str] = {}  # what a phase key is made of -> the key
     phase_of, group_of, draft_of = keys.PHASE, keys.GROUP_NAME, keys.IS_DRAFT
     mine: dict[str, list] = {}  # key -> [ns, occurrences, least depth, earliest start, open]
+    after_ready = keys.AFTER_READY
     for sid, span in proc.spans.items():
         level = depth[sid] = depth.get(span.parent_id, -1) + 1  # a parent elsewhere (the launcher's): 0
         attrs = span.attrs
+        if after_ready in attrs:  # serving, not starting (a request's work, a weight update)
+            continue
         try:
             made = (attrs.get(phase_of), attrs.get(group_of), attrs.get(draft_of), span.name)
             key = keyed.get(made)
@@ -138,9 +141,10 @@ def _add(proc: ProcessRec, label: str, rows: dict[str, PhaseRow], started: int, 
 
 def _outcome(procs: list[ProcessRec]) -> tuple[str, int | None]:
     """(how the start ended, when it was ready). ``ready``: every rank's root ended well and the
-    launcher (if any) ended its root or a ready phase well; ``failed``: an error ended a root, or
-    a rank died or failed (the watchdog's record, or an ``exit`` record before ready); ``stalled``:
-    the watchdog recorded a stall; ``interrupted``: none of these (stopped from outside)."""
+    launcher (if any) ended its root or a ready phase well; ``stalled``: the watchdog recorded a
+    stall (whatever ended the start after it); ``interrupted``: a Ctrl-C (KeyboardInterrupt) ended
+    a root; ``failed``: an error ended a root, or a rank died or failed (the watchdog's record, or
+    an ``exit`` record before ready); ``interrupted`` also when none of these (stopped from outside)."""
     ranks = [p for p in procs if p.role == "rank"]
     launchers = [p for p in procs if p.role == "launcher"]
     ready_at: list[int] = []
@@ -162,10 +166,12 @@ def _outcome(procs: list[ProcessRec]) -> tuple[str, int | None]:
         if not ranks and ready_at:
             return "ready", max(ready_at)
     kinds = {d.get("finding") for p in procs for d in p.diagnoses}
-    roots_failed = any(p.root is not None and p.root.status == "error" for p in procs)
-    exits = any(p.exit is not None and not p.ready and (p.exit.get("code") or 0) != 0 for p in ranks)
-    if roots_failed or exits or kinds & {"died", "failed"}:
-        return "failed", None
-    if kinds - {"busy", "slow", None}:
+    if kinds - {"busy", "slow", "unusual", "died", "failed", None}:
         return "stalled", None
+    errors = [p.root.error for p in procs if p.root is not None and p.root.status == "error"]
+    if any(isinstance(e, dict) and e.get("type") == "KeyboardInterrupt" for e in errors):
+        return "interrupted", None
+    exits = any(p.exit is not None and not p.ready and (p.exit.get("code") or 0) != 0 for p in ranks)
+    if errors or exits or kinds & {"died", "failed"}:
+        return "failed", None
     return "interrupted", None

@@ -43,20 +43,21 @@ import threading
 import time
 import zlib
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from .. import files, keys, process_state
+from .. import files, process_state
 from ..reader.run import RunView
 from ..redact import redact_text
 from . import fingerprint as fingerprints
 from .fingerprint import Fingerprint
 from .measure import OUTCOMES, Measured, measure
+from .where import ENV_HISTORY, FILE_NAME, location, of_run_dir
 
-ENV_HISTORY = "SGLANG_PHASETRACE_HISTORY"  # a path, or "0": no history (to go to keys.py)
-FILE_NAME = "history.sqlite"
+__all__ = ["ENV_HISTORY", "FILE_NAME", "History", "HistoryError", "Recorded", "location", "of_run_dir", "record"]
+
 SCHEMA = 1
 KEEP_PER_FINGERPRINT, KEEP_ALL, KEEP_DETAIL = 50, 2000, 200
 BUSY_S = 0.3  # the longest one wait for another writer's lock: one per record (three while the file is made)
@@ -88,19 +89,6 @@ class HistoryError(Exception):
         self.kind = kind
 
 
-def location(base: str | Path | None = None) -> Path | None:
-    """Where the history is: ``$SGLANG_PHASETRACE_HISTORY`` (None when it is ``0``), else
-    ``history.sqlite`` in ``base``, else in ``$SGLANG_PHASETRACE_DIR`` (default ``./phasetrace-runs``)."""
-    chosen = os.environ.get(ENV_HISTORY, "").strip()
-    if chosen.lower() in ("0", "off", "false", "no"):
-        return None
-    if chosen:
-        return Path(chosen)
-    if base is None:
-        base = os.environ.get(keys.ENV_BASE_DIR) or keys.DEFAULT_BASE_DIR
-    return Path(base) / FILE_NAME
-
-
 @dataclass
 class Recorded:
     run_id: str
@@ -114,22 +102,25 @@ class Recorded:
 
 def record(run: RunView, path: str | Path | None = None, outcome: str | None = None) -> Recorded | None:
     """Record the start ``run`` holds (read whole, not ``shallow``) in the history at ``path``
-    (default: ``location()``). ``outcome``: what the caller knows better than the journals (one
-    of ``measure.OUTCOMES``). Never raises: None when the history is off, the run does not say
-    what was launched, or the database cannot be written (one warning per process and problem).
+    (default: its base directory's, ``of_run_dir``). ``outcome``: what the caller knows better
+    than the journals (one of ``measure.OUTCOMES``; it never turns a start that was ready, or one a
+    stall was recorded in, into an interrupted one). Never raises: None when the history is off,
+    the run does not say what was launched, or the database cannot be written (one warning per
+    process and problem).
 
     Cost, on the 2-core CPU box (the run already read): a real tp=2 start, 5 ms (1 ms to measure,
-    3 ms of SQLite); 1024 ranks x 270 spans, 0.25-0.35 s (one pass over 276 k spans) + 11 ms of
-    SQLite; plus at most ``BUSY_S`` waiting for another writer. Run it off the start's critical path."""
-    where = Path(path) if path is not None else location()
+    3 ms of SQLite); 1024 ranks x 230-270 spans, 0.3-0.9 s (one pass over every span, then 10-90 ms
+    of SQLite; the high end with the box loaded: ``scripts/bench_history.py``); plus at most
+    ``BUSY_S`` waiting for another writer. Run it off the start's critical path (``keeper``)."""
+    where = Path(path) if path is not None else of_run_dir(run.path)
     if where is None:
         return None
     try:
         return write(run, where, outcome)
     except HistoryError as exc:
-        _warn(exc.kind, f"history: {exc}; this start is not recorded")
+        _warn(exc, "this start is not recorded")
     except Exception as exc:  # a bug of ours must not reach the start
-        _warn("bug", f"history: recording in {where} failed ({exc!r}); this start is not recorded")
+        _warn(HistoryError(f"recording in {where} failed ({exc!r})", "bug"), "this start is not recorded")
     return None
 
 
@@ -142,7 +133,7 @@ def write(run: RunView, path: str | Path, outcome: str | None = None) -> Recorde
         log.debug("sglang-phasetrace: history: %s does not say what was launched; not recorded", run.path)
         return None
     m = measure(run)
-    if outcome is not None and outcome in OUTCOMES:
+    if outcome in OUTCOMES and m.outcome != "ready" and not (outcome == "interrupted" and m.outcome == "stalled"):
         m.outcome = outcome
     tic = time.perf_counter()
     con = _connect(path)
@@ -163,16 +154,33 @@ def write(run: RunView, path: str | Path, outcome: str | None = None) -> Recorde
     return Recorded(run.run_id, fp, m.outcome, m.total_s, len(m.phases), path, time.perf_counter() - tic)
 
 
-_CACHE: dict[tuple[str, str], dict[str, Usual]] = {}  # ``live``: (database, fingerprint) -> phase -> Usual
-_LOCK = threading.Lock()  # the watchdog's thread and a recorder's may ask at once
+@dataclass(eq=False)
+class Memory:
+    """What this process remembers of the history (``process_state.STATE.history``: a forked
+    child starts without it): ``live``'s answers per (database, fingerprint, runs left out), and
+    ``verdicts.usual``'s fingerprint per run directory."""
+
+    usuals: dict[tuple[str, str, frozenset[str]], dict[str, Usual]] = field(default_factory=dict)
+    fingerprints: dict[str, Fingerprint] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # the watchdog's thread and a recorder's
+
+
+def memory() -> Memory:
+    state = process_state.STATE
+    if state.history is None:
+        with state.lock:
+            if state.history is None:
+                state.history = Memory()
+    return state.history
 
 
 def forget(fingerprint_id: str | None = None) -> None:
     """``live`` reads the database again next time (for one fingerprint, or all): a start of it was
     just recorded."""
-    with _LOCK:
-        for key in [k for k in _CACHE if fingerprint_id is None or k[1] == fingerprint_id]:
-            del _CACHE[key]
+    mem = memory()
+    with mem.lock:
+        for key in [k for k in mem.usuals if fingerprint_id is None or k[1] == fingerprint_id]:
+            del mem.usuals[key]
 
 
 def _insert(con: sqlite3.Connection, fp: Fingerprint, m: Measured) -> None:
@@ -351,9 +359,14 @@ def _error(path: Path, exc: sqlite3.Error) -> HistoryError:
     return HistoryError(f"cannot write {path} ({text})", "write")
 
 
-def _warn(kind: str, message: str) -> None:
-    if process_state.say_once(("history", kind)):
-        log.warning("sglang-phasetrace: %s", redact_text(message))
+def _warn(exc: HistoryError, consequence: str) -> None:
+    """One warning per process and kind of problem, whether reading or writing met it first: a
+    corrupt database is said once, not once by the watchdog and again as the start is recorded.
+    Where it cannot be used at all (corrupt, newer, unsafe), the warning says both consequences."""
+    if process_state.say_once(("history", exc.kind)):
+        if exc.kind in ("corrupt", "newer", "unsafe"):
+            consequence = "not used by this process (no usual times, no start recorded)"
+        log.warning("sglang-phasetrace: %s", redact_text(f"history: {exc}; {consequence}"))
 
 
 # -- reading ---------------------------------------------------------------------------------------

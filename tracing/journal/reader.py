@@ -47,7 +47,7 @@ class JournalTail:
 
     A last line without its newline is a write in progress, or one cut by ``kill -9``: a live read
     leaves it for next time; a ``final`` read parses it, and reports it if it is broken.
-    Every unusable line (not JSON, or a record ``records.validate`` refuses) is reported once, as
+    Every unusable line (not JSON, or a record ``schema.validate`` refuses) is reported once, as
     ``file:line: why``, and skipped; the rest of its chunk is used. So is a line over ``LINE_MAX``
     (never held whole: a file of zeros, sparse or left by a crash, is one long line). Reading stops
     at ``journal_max()`` bytes, said once with how to read more.
@@ -73,7 +73,7 @@ class JournalTail:
 
     def bulk_pieces(self, final: bool = False) -> Iterator[tuple[dict[str, list[Any]], list[dict]]]:
         """``read`` for a reader that keeps every span (``rundir``), one piece (``pieces``) at a time:
-        the lines of the bulk kinds (``records.BULK``: nearly all of a journal) decoded straight into
+        the lines of the bulk kinds (``schema.BULK``: nearly all of a journal) decoded straight into
         objects, per kind in file order, and the other records as ``read`` gives them (``line_of``
         names their lines until the next piece). A piece with a line the fast path refuses goes
         ``read``'s way whole, so each bad line is named as usual."""

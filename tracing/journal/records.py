@@ -155,8 +155,11 @@ def diagnosis(
     message: str,
     waiting: dict[str, str],
     stacks: list[str],
+    *,
+    evidence: dict[str, dict[str, Any]] | None = None,
 ) -> Record:
-    return {
+    """``evidence``: label -> what that rank waits on (``journal.waits_on.Evidence`` as builtins)."""
+    record = {
         "kind": "diagnosis",
         "t": t,
         "finding": finding,
@@ -168,6 +171,9 @@ def diagnosis(
         "waiting": waiting,
         "stacks": stacks,
     }
+    if evidence:
+        record["evidence"] = evidence
+    return record
 
 
 def warning(t: int, message: str) -> Record:

@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import fields
@@ -23,28 +24,73 @@ from .. import keys
 from ..journal.layout import JOURNAL_DIR
 from ..journal.reader import JournalTail
 from ..journal.schema import SpanRec
+from . import index
 from .run import ProcessRec, RunView, _apply_all
 
 
-def refresh_parallel(view: RunView, final: bool = False, shallow: int | None = None, split: bool = False) -> RunView:
+def refresh_parallel(
+    view: RunView, final: bool = False, shallow: int | None = None, split: bool = False, write: bool = True
+) -> RunView:
     """``view.refresh``, a first read of a large run shared with a forked child (``Child``): the
     CLI's one-shot read, never a live watcher's thread (later reads: ``view.refresh``). ``shallow``:
     the reader draws spans down to that depth only (``status``, ``timeline``): the child leaves out
     the deeper ones that ended well (they are not needed, and are most of what it would send back).
     ``split``: the child keeps whole what it read and sends back what every verdict reads (a
     ``shallow`` read), and lays out and renders its processes' lanes on request (``view.split``,
-    ``render.lanes.lanes_map``): a verb that renders every span of a large run."""
+    ``render.lanes.lanes_map``): a verb that renders every span of a large run.
+
+    A run directory's index (``reader.index``) stands for the journals it covers: each is decoded
+    rather than parsed (only a tail it grew by is read), and a split read's parent takes the
+    shallow state of the child's from it. ``write``: a finished run read without a usable index
+    has one written (a small run's here, a large run's by a process that starts once this one is
+    done with the view: ``index.spawn_writer``)."""
     if view._tails:
         return view.refresh(final)
     view._status = {}
     journals = view.journals()
-    child = Child.start(journals, final, 0, serve=True) if split else Child.start(journals, final, shallow)
+    used = {path: index.open_index(path, [j for j in journals if j.parent.parent == path]) for path in view.paths}
     try:
-        for path in journals[: child.first] if child is not None else journals:
-            view._read(path, final)
+        _first_read(view, journals, used, final, shallow, split)
+    except index.Stale as exc:  # a part found damaged where it was decoded: said, and the journals read
+        index.warn(exc.path, str(exc))
+        if view.split is not None:
+            view.split.child.abandon()
+        view._tails, view._told, view.split = {}, [], None
+        used = dict.fromkeys(view.paths)
+        _first_read(view, journals, used, final, shallow, split)
+    tails = view._tails  # in the journals' order, as one process reads them (problems, exits told)
+    view._tails = {path: tails[path] for path in journals if path in tails}
+    view._told = [(proc, r) for _, proc in view._tails.values() for r in proc.told]
+    if view._told:
+        view._place_told()
+    if write and index.needed(view, used):
+        _write_index(view)
+    return view
+
+
+def _first_read(
+    view: RunView,
+    journals: list[Path],
+    used: dict[Path, index.Loaded | None],
+    final: bool,
+    shallow: int | None,
+    split: bool,
+) -> None:
+    """``refresh_parallel``'s read: each journal from its index (``used``) where one holds it."""
+    indexed = view.indexed = {path: loaded for loaded in used.values() if loaded for path in loaded.journals}
+    as_is = set() if split else {path for path in journals if _fresh(indexed, path)}
+    rest = [path for path in journals if path not in as_is]  # to read: the child may take a share
+    more = {"indexed": indexed} if indexed else {}
+    child = Child.start(rest, final, 0, serve=True, **more) if split else Child.start(rest, final, shallow, **more)
+    try:
+        for path in as_is:  # decoded as indexed; a shallow reader takes the shallow state
+            view._tails[path] = indexed[path].restore(path, shallow=shallow == 0)
+        for path in rest[: child.first] if child is not None else rest:
+            view._tails[path] = _read_whole(path, final, indexed)
         if child is not None:
-            got = child.collect()
-            if got is not None and child.serving and not _split_ok(view._tails, got, child.extras):
+            safe = split and _index_safe(view, journals, indexed)  # the index checked it when written
+            got = child.collect(indexed, ids=not safe)
+            if got is not None and child.serving and not safe and not _split_ok(view._tails, got, child.extras):
                 got = _whole_from(child, got)  # a span id twice, or a reference into what it left out
                 child.serving = False
             if got is None or not child.serving:
@@ -54,16 +100,59 @@ def refresh_parallel(view: RunView, final: bool = False, shallow: int | None = N
             child = None
             for path, (tail, proc) in (got or {}).items():
                 view._tails[path] = (tail, proc)
-                view._told += [(proc, r) for r in proc.told]
-            for path in journals:  # what the child did not bring back (it failed): read here
+            for path in rest:  # what the child did not bring back (it failed): read here
                 if path not in view._tails:
-                    view._read(path, final)
+                    view._tails[path] = _read_whole(path, final, indexed)
     finally:
         if child is not None:  # interrupted while the child works: end it
             child.abandon()
-    if view._told:
-        view._place_told()
-    return view
+
+
+def _index_safe(view: RunView, journals: list[Path], indexed: dict[Path, index.Loaded]) -> bool:
+    """Every journal of the run (one directory) is as its index holds it, and the index found any
+    split of them safe (``index._split_safe``: what ``_split_ok`` checks)."""
+    return (
+        len(view.paths) == 1
+        and all(_fresh(indexed, path) for path in journals)
+        and all(loaded.index.split_safe for loaded in {id(x): x for x in indexed.values()}.values())
+    )
+
+
+def _fresh(indexed: dict[Path, index.Loaded], path: Path) -> bool:
+    loaded = indexed.get(path)
+    return loaded is not None and loaded.journals[path][1] == index.FRESH
+
+
+def _write_index(view: RunView) -> None:
+    """A finished run's index, written for the next viewer: a small run's now (a few ms), a large
+    one's by a detached process once this one closes the view (``index.spawn_writer``)."""
+    try:
+        size = sum(os.stat(path).st_size for path in view._tails)
+    except OSError:
+        return
+    if size <= index.INLINE_BYTES:
+        index_run(list(view.paths))
+        return
+    fd = index.spawn_writer(list(view.paths), "closed")
+    if fd is not None:
+        weakref.finalize(view, os.close, fd)
+
+
+def index_run(paths: list[Path], allow_serving: bool = False, wait_s: float = 0.0) -> list[Path]:
+    """Read the run (its index where usable) and write its index once the run has ended (waiting
+    up to ``wait_s`` for its processes to end), or, with ``allow_serving``, while it serves; the
+    paths written. The read is not ``final``: the index is right for live and final readers alike."""
+    view = refresh_parallel(RunView(*paths), final=False, write=False)
+    deadline = time.monotonic() + wait_s
+    # a launcher's ranks end a moment after it; a launch_server's ranks learn within a beat that it serves
+    while not (index.finished(view) or (allow_serving and index.serving(view))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        view.refresh(final=False)
+    done = index.finished(view)
+    if not done and not (allow_serving and index.serving(view)):
+        return []
+    view.refresh(final=False)  # what was appended meanwhile
+    return index.write(view, done, _levels, _shallow)
 
 
 def load_run(
@@ -104,6 +193,9 @@ class Child:
     SHALLOW_SHARE = 0.5  # a ``shallow`` read: little is sent back
     PIPE_BYTES = 1 << 20
     SPLIT_SHARE = 0.5  # ``serve``: each lays out and renders what it read (the parent also unpacks the shallow state)
+    # ``serve`` of an indexed run: nothing comes back to unpack, and the parent also opens the index,
+    # reads the status files and puts the verdicts together
+    INDEXED_SHARE = 0.6
 
     def __init__(
         self, pid: int, fd: int, first: int, journals: list[Path], cmd: int = -1, fds: socket.socket | None = None
@@ -116,7 +208,14 @@ class Child:
         self.extras: dict[Path, tuple] = {}  # ``serve``: path -> (span ids, earliest starts by depth, latest time)
 
     @classmethod
-    def start(cls, journals: list[Path], final: bool, shallow: int | None = None, serve: bool = False) -> Child | None:
+    def start(
+        cls,
+        journals: list[Path],
+        final: bool,
+        shallow: int | None = None,
+        serve: bool = False,
+        indexed: dict[Path, index.Loaded] | None = None,
+    ) -> Child | None:
         if not sys.platform.startswith("linux") or threading.active_count() > 1 or _cores() < 2:
             return None
         sizes = []
@@ -130,6 +229,8 @@ class Child:
             return None
         first, done = len(journals), 0
         share = cls.SPLIT_SHARE if serve else cls.SHARE if shallow is None else cls.SHALLOW_SHARE
+        if serve and indexed and all(_fresh(indexed, path) for path in journals):
+            share = cls.INDEXED_SHARE
         while first > 1 and done + sizes[first - 1] <= total * share:
             first -= 1
             done += sizes[first]
@@ -158,13 +259,18 @@ class Child:
                     os.close(cmd_w)
                     fds[0].close()
                 mine = journals[first:]
-                read = [_read_whole(path, final) for path in mine]
+                indexed = indexed or {}
+                later = {
+                    path for path in mine if serve and _fresh(indexed, path)
+                }  # the parent takes these from the index
+                read = {path: _read_whole(path, final, indexed) for path in mine if path not in later}
                 with os.fdopen(w, "wb") as out:
-                    _send(out, [_pack(tail, proc, shallow, serve) for tail, proc in read])
+                    _send(out, [None if path in later else _pack(*read[path], shallow, serve) for path in mine])
                     if serve:
+                        for path in later:  # decoded while the parent decodes its own
+                            read[path] = _read_whole(path, final, indexed)
                         with os.fdopen(cmd_r, "rb") as cmd:
-                            procs = {str(path): proc for path, (_, proc) in zip(mine, read, strict=True)}
-                            _serve(cmd, out, procs, fds[1])
+                            _serve(cmd, out, {str(path): read[path][1] for path in mine}, fds[1])
                 code = 0
             finally:
                 os._exit(code)
@@ -174,8 +280,10 @@ class Child:
             fds[1].close()
         return cls(pid, r, first, journals[first:], cmd_w, fds[0] if serve else None)
 
-    def collect(self) -> dict[Path, tuple[JournalTail, ProcessRec]] | None:
-        """The child's journals, or None when it failed."""
+    def collect(
+        self, indexed: dict[Path, index.Loaded] | None = None, ids: bool = True
+    ) -> dict[Path, tuple[JournalTail, ProcessRec]] | None:
+        """The child's journals, or None when it failed (those it sent as None: from ``indexed``)."""
         try:
             packed = _recv(self.pipe)
             if not self.serving:
@@ -185,11 +293,16 @@ class Child:
                     return None
             got = {}
             for path, item in zip(self.journals, packed, strict=True):
+                if item is None:
+                    loaded = (indexed or {})[path]
+                    got[path] = loaded.restore(path, shallow=True)
+                    self.extras[path] = loaded.extras(path, ids)
+                    continue
                 got[path] = _unpack(path, item[:3])
                 if self.serving:
                     self.extras[path] = item[3]
             return got
-        except (OSError, ValueError, EOFError, TypeError):
+        except (OSError, ValueError, EOFError, TypeError, KeyError, msgspec.DecodeError):
             return None
 
     def call(self, fn: Callable[..., Any], arg: Any, fd: int | None = None) -> None:
@@ -270,7 +383,13 @@ class Split:
         view._told = [(teller, r) for teller, r in view._told if id(teller) not in old]
         for path in self.paths:
             view._tails.pop(path, None)
-            view._read(path, self.final)
+            try:
+                read = _read_whole(path, self.final, view.indexed)
+            except index.Stale as exc:  # its spans damaged in the index (the child died of it): the journal
+                index.warn(exc.path, str(exc))
+                read = _read_whole(path, self.final)
+            _, proc = view._tails[path] = read
+            view._told += [(proc, r) for r in proc.told]
         view._place_told()
         self._whole = {str(path): view._tails[path][1] for path in self.paths}
         return self._whole
@@ -379,8 +498,17 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _read_whole(path: Path, final: bool) -> tuple[JournalTail, ProcessRec]:
-    tail, proc = JournalTail(path), ProcessRec(path)
+def _read_whole(
+    path: Path, final: bool, indexed: dict[Path, index.Loaded] | None = None
+) -> tuple[JournalTail, ProcessRec]:
+    """A journal read whole: decoded from its index up to where it was indexed, the rest read."""
+    loaded = (indexed or {}).get(path)
+    if loaded is None:
+        tail, proc = JournalTail(path), ProcessRec(path)
+    else:
+        tail, proc = loaded.restore(path)
+        if loaded.journals[path][1] == index.FRESH:
+            return tail, proc
     for piece in tail.bulk_pieces(final=final):
         _apply_all(tail, proc, piece)
     return tail, proc
@@ -471,3 +599,36 @@ def _unpack(path: Path, item: tuple) -> tuple[JournalTail, ProcessRec]:
 
 
 _SPANS = msgspec.msgpack.Decoder(list[SpanRec])
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """``python -m ...reader.load [--wait-fd N] [--serving] RUN_DIR...``: write a run's index
+    (``index.spawn_writer`` starts it detached; it waits until the pipe ``N`` closes)."""
+    import argparse
+    import select
+    import signal
+
+    parser = argparse.ArgumentParser(prog=f"python -m {__name__}", description="write a run's index")
+    parser.add_argument("run_dirs", nargs="+", type=Path)
+    parser.add_argument("--wait-fd", type=int, help="wait until this pipe closes (its writer exited)")
+    parser.add_argument("--serving", action="store_true", help="also while every rank is ready and serving")
+    args = parser.parse_args(argv)
+    # Not a child of whoever spawned it: SGLang's shutdown kills its launcher's whole process tree.
+    if hasattr(os, "fork") and os.fork() > 0:
+        os._exit(0)
+    if args.wait_fd is not None:
+        select.select([args.wait_fd], [], [], index.WAIT_S)
+        os.close(args.wait_fd)
+    try:
+        os.nice(10)
+    except OSError:
+        pass
+    signal.alarm(index.WRITE_LIMIT_S)
+    index_run(args.run_dirs, args.serving, index.ENDED_WAIT_S)
+    return 0
+
+
+if __name__ == "__main__":  # run with -m: the module's own copy, as every importer has it
+    from . import load
+
+    raise SystemExit(load._main())

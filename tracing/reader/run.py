@@ -12,7 +12,7 @@ Layout (one run = one launch)::
 Shared by the watchdog (live, incremental ``refresh()``) and the CLI (one ``load_run``). Journals
 may be cut by ``kill -9`` or hold a corrupt line or a record of the wrong shape: each such line is
 reported once as ``file:line: why`` in ``problems`` and skipped, and everything else is used. What
-reaches ``ProcessRec.apply`` passed ``records.validate``, so it can rely on the schema's types.
+reaches ``ProcessRec.apply`` passed ``schema.validate``, so it can rely on the schema's types.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class ProcessRec:
     OPS_KEPT = 256
 
     def apply(self, r: dict[str, Any]) -> None:
-        """Use one record that ``records.validate`` accepted (never raises on one): optional
+        """Use one record that ``schema.validate`` accepted (never raises on one): optional
         fields may be missing or null, and mean "not known"."""
         kind, t = r["kind"], r["t"]
         if t > self.last_t:
@@ -85,7 +85,7 @@ class ProcessRec:
             span = self.spans.get(r["span"])
             if span is not None:
                 span.end, span.status = t, r.get("status") or "ok"
-                span.attrs = {**span.attrs, **(r.get("attrs") or {})}  # shared (``records._AttrsCache``)
+                span.attrs = {**span.attrs, **(r.get("attrs") or {})}  # shared (``schema._AttrsCache``)
                 span.error = r.get("error")
         elif kind == "event":
             span = self.spans.get(r["span"])
@@ -172,8 +172,22 @@ class ProcessRec:
 
     @property
     def ready(self) -> bool:
+        """Its start is over: its root ended well (a rank: its launch serves; ``recorder.serving``)."""
         root = self.root
         return root is not None and root.status == "ok"
+
+    @property
+    def initialised(self) -> bool:
+        """Its own init is done, and it is not over: a rank whose ``Scheduler.__init__`` returned
+        while its launch does not serve yet (the server's warm-up): still starting, still watched."""
+        root = self.root
+        return root is not None and root.status == "open" and any(e["name"] == keys.INITIALISED for e in root.events)
+
+    @property
+    def serving(self) -> bool:
+        """Its root ended because serving began (``keys.SERVING``): the launch's, for a launcher."""
+        root = self.root
+        return root is not None and root.status == "ok" and root.attrs.get(keys.SERVING) is True
 
     @property
     def node(self) -> int | None:
@@ -235,6 +249,7 @@ class RunView:
         self._told: list[tuple[ProcessRec, dict[str, Any]]] = []  # (teller, ``exit`` record)
         self.remote: dict[str, list[ProcessRec]] = {}  # source (e.g. ``node-1``) -> processes it reported
         self.split: Any = None  # ``reader.load.Split``: a forked child holds some processes whole
+        self.indexed: dict[Path, Any] = {}  # journal -> the ``reader.index.Loaded`` it was read from (``reader.load``)
 
     @property
     def run_id(self) -> str:
@@ -261,7 +276,7 @@ class RunView:
             path
             for run_path in self.paths
             if (journal_dir := run_path / JOURNAL_DIR).is_dir()
-            for path in sorted(journal_dir.glob("*.jsonl"))
+            for path in sorted(journal_dir.glob("*.jsonl"), key=_NAME)  # by name: Path's own order is slow
         ]
 
     def _read(self, path: Path, final: bool) -> None:
@@ -410,12 +425,12 @@ def _apply_all(tail: JournalTail, proc: ProcessRec, chunk: tuple[dict[str, list[
         proc.last_progress_t = latest
 
 
-_SPAN_ID, _START, _T = attrgetter("span_id"), attrgetter("start"), attrgetter("t")
+_SPAN_ID, _START, _T, _NAME = attrgetter("span_id"), attrgetter("start"), attrgetter("t"), attrgetter("name")
 
 
 def _merged(attrs: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
     """A span's attrs with its ``end`` record's: a new dict, one per pair, since both are shared
-    (``records._AttrsCache``) — spans with equal attrs keep sharing one (renderers cache by it)."""
+    (``schema._AttrsCache``) — spans with equal attrs keep sharing one (renderers cache by it)."""
     key = (id(attrs), id(more))
     hit = _MERGED.get(key)
     if hit is not None and hit[0] is attrs and hit[1] is more:  # both held: ids not reused meanwhile
@@ -434,6 +449,17 @@ _MERGED: dict[tuple[int, int], tuple[dict[str, Any], dict[str, Any], dict[str, A
 
 
 # -- names readers give phases and processes -----------------------------------------------------
+
+
+def where_detail(proc: ProcessRec, span: SpanRec) -> str:
+    """What a verdict adds to "in 'phase'": a warm-up pass's mode and size (`` (forward extend,
+    bs 1)``), or that an initialised rank waits for its launch to serve."""
+    mode, size = span.attrs.get(keys.FORWARD_MODE), span.attrs.get(keys.BATCH_SIZE)
+    if isinstance(mode, str):
+        return f" (forward {mode}" + (f", bs {size})" if type(size) is int else ")")
+    if span is proc.root and proc.initialised:
+        return " (initialised: its launch does not serve yet)"
+    return ""
 
 
 def phase_key(span: SpanRec) -> str:

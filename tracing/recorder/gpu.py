@@ -36,6 +36,31 @@ def physical_index(gpu_id: int) -> int:
     return gpu_id
 
 
+DRIVER_GPUS = "/proc/driver/nvidia/gpus"  # one directory per GPU the driver (or the container) shows
+
+
+def device_model(gpu_id: int | None = None) -> str | None:
+    """The GPU model the driver names (``NVIDIA H200``), read from ``/proc/driver/nvidia``: no NVML,
+    no CUDA, a few small file reads, once per process. The one of ``gpu_id`` (NVML's order: by PCI
+    bus) where the GPUs differ; None without an NVIDIA driver."""
+    if "models" not in _state:
+        models: list[str] = []
+        try:
+            for bus in sorted(os.listdir(DRIVER_GPUS)):
+                with open(os.path.join(DRIVER_GPUS, bus, "information"), encoding="utf-8", errors="replace") as f:
+                    line = next((x for x in f.read(8192).splitlines() if x.startswith("Model:")), None)
+                if line is not None:
+                    models.append(" ".join(line.split(":", 1)[1].split())[:128])
+        except OSError:
+            pass
+        _state["models"] = models
+    models = _state["models"]
+    if not models:
+        return None
+    index = physical_index(gpu_id or 0)
+    return models[0] if len(set(models)) == 1 or index >= len(models) else models[index]
+
+
 def sample(gpu_id: int | None) -> dict[str, Any] | None:
     """Utilization %, memory used/total bytes, power W, SM clock MHz of this rank's GPU."""
     nvml = _nvml() if gpu_id is not None else None

@@ -6,7 +6,8 @@ works. Written to the journal while the process initialises, and always to a sma
 status file (atomically replaced) that live readers poll; after ready, that file also counts the
 patched wrappers that still ran (``runtime_calls``: calls and tracing's cost, per phase). A process
 whose Python threads cannot run (GIL held in C) stops beating: that silence is itself the signal
-the watchdog reads.
+the watchdog reads. "Ready" is serving (``recorder.serving``): an initialised rank still beats into
+its journal until its launch serves, and looks once a beat whether it does.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 from .. import files, keys, process_state
 from ..journal import records
 from ..journal.layout import STATUS_DIR
-from . import activity, collectives, gpu, metrics, runtime
+from . import activity, collectives, gpu, metrics, runtime, serving
 
 log = logging.getLogger("sglang_phasetrace")
 
@@ -86,6 +87,8 @@ class Heartbeat:
         return record
 
     def beat(self) -> None:
+        if self.rt.awaiting is not None:  # an initialised rank: does its launch serve now? (one lstat)
+            serving.check(self.rt)
         with self.lock:
             record = self.record()
             # The journal keeps init (of ranks, the launcher, any process inside a phase); the status

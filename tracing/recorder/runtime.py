@@ -31,7 +31,7 @@ from ..journal import records
 from ..journal.layout import JOURNAL_DIR, STATUS_DIR
 from ..journal.writer import JournalWriter, write_wait_s
 from ..redact import redact, redact_text
-from . import exporters, launch, otlp
+from . import exporters, gpu, launch, otlp
 from .identity import IDENTITY_KEYS, Identity
 
 log = logging.getLogger("sglang_phasetrace")
@@ -64,6 +64,21 @@ class TracingOff(Exception):
 def sglang_version() -> str | None:
     module = sys.modules.get("sglang.version") or sys.modules.get("sglang")
     return getattr(module, "__version__", None)
+
+
+def machine_attrs(gpu_id: int | None) -> dict[str, str]:
+    """What the history's launch fingerprint needs to know of this machine, stamped on the resource
+    so whoever reads the run later (another host) has it: the torch version, where torch is already
+    imported (in every SGLang process by the time tracing starts; never imported here), and the GPU
+    model the driver names (``gpu.device_model``: a file read, no NVML)."""
+    out = {}
+    torch_version = getattr(sys.modules.get("torch"), "__version__", None)
+    if torch_version:
+        out[keys.TORCH_VERSION] = str(torch_version)
+    model = gpu.device_model(gpu_id)
+    if model:
+        out[keys.DEVICE_MODEL] = model
+    return out
 
 
 class PrivateIdGenerator(IdGenerator):
@@ -238,7 +253,10 @@ class Runtime:
         self.lock = threading.RLock()
         self.started = False
         self.off: str | None = None  # why tracing could not start here (then it never does)
-        self.ready = False
+        self.ready = False  # the start is over: the launch serves (``recorder.serving``); the hot path from here
+        self.initialised = False  # a rank's own init is done (``Scheduler.__init__`` returned); it may not serve yet
+        self.awaiting: Any = None  # ``serving.Awaiting``: an initialised rank's wait for its launch to serve
+        self.announces: Path | None = None  # a launcher: the file it creates when the launch serves
         self.root: Span | None = None
         self.ids = PrivateIdGenerator()
         self.planned_run_dir: str | None = None  # the run directory activation chose (before the launch was known)
@@ -351,6 +369,7 @@ class Runtime:
         version = sglang_version()
         if version:
             attrs[keys.SGLANG_VERSION] = version
+        attrs.update(machine_attrs(self.identity.ranks.get("gpu")))
         return Resource.create(attrs)
 
     def _identity_record(self) -> records.Record:
@@ -362,7 +381,8 @@ class Runtime:
             self.write(self._identity_record())
 
     def mark_ready(self) -> None:
-        """The process root ended well: send spans now (without waiting) and run ready hooks."""
+        """The process root ended well, serving began: send spans now (without waiting) and run the
+        ready hooks (the hot-path patches come off, heartbeats leave the journal, the watchdog stops)."""
         if self.ready:
             return
         self.ready = True

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..journal.layout import STACKS_DIR
 from ..redact import redact_text
+from ..verdicts import evidence
 from ..verdicts.diagnose import Finding
 from .jsonout import dumps
 from .lanes import Bar, Lane, Layout, lanes_map
@@ -304,10 +305,28 @@ def _diagnosis_html(lay: Layout, found: list[Finding], files: list[tuple[str, Pa
             shown.add(stack[0])
         where = f"in <code>{_esc(f.phase)}</code> " if f.phase else ""
         table = f'<table class="waiting"><tr><th>peer</th><th>waits in</th></tr>{waiting}</table>' if waiting else ""
+        table += _evidence_html(f)
         parts.append(f"""<div class="finding" data-rank="{_esc(f.label)}" data-kind="{_esc(f.kind)}">
 <h3>{_esc(word(f))}: {_esc(f.label)} {where}for {_esc(duration(f.since_s))}</h3>
 <p>{_esc(redact_text(f.message))}</p>{table}{_stack_html(f.label, *stack, True) if stack else ""}</div>""")
     return "\n".join(parts)
+
+
+def _evidence_html(f: Finding) -> str:
+    """What each rank the verdict names waits on, as the OS showed it: one row per rank, its parts
+    (``evidence.attributes``) under the phrase."""
+    rows = []
+    for label, value in f.evidence.items():
+        ev = evidence.from_builtins(value)
+        if ev is None or not ev.text:
+            continue
+        parts = {k.removeprefix(evidence.ATTR + "."): v for k, v in evidence.attributes(ev).items()}
+        parts.pop(evidence.ATTR, None)
+        details = "; ".join(f"{_esc(k)}: <code>{_esc(redact_text(str(v)))}</code>" for k, v in parts.items())
+        rows.append(f"<tr><td>{_esc(label)}</td><td>{_esc(redact_text(ev.text))}<br><small>{details}</small></td></tr>")
+    if not rows:
+        return ""
+    return f'<table class="evidence"><tr><th>rank</th><th>waits on</th></tr>{"".join(rows)}</table>'
 
 
 def _stacks_html(lay: Layout, found: list[Finding], files: list[tuple[str, Path]], shown: set[Path]) -> str:
@@ -479,7 +498,8 @@ function title(b){const a=D.attrs[b[5]];let t=D.names[b[4]]+'\\n'+D.keys[b[3]]+'
  (b[6]&1?' (did not end)':b[6]&2?' (error)':b[6]&4?' (incomplete)':'');
  for(const k in a)t+='\\n'+k+' = '+a[k];return t;}
 function draw(lane,track){
- const f=document.createDocumentFragment(), stop=lane.state!=='ready'&&lane.where!==null;
+ const f=document.createDocumentFragment(), done=lane.state==='ready'||lane.state==='serving',
+  stop=!done&&lane.where!==null;
  for(const b of lane.bars){const e=document.createElement('div');
   e.className='bar'+(b[6]&1?' open':'')+(b[6]&6?' err':'')+(b[6]&8?' slowest':'');
   e.style.cssText='left:'+pct(b[0]/1e3)+';width:'+pct(b[1]/1e3)+';top:'+(2+b[2]*ROW)+'px;background:'+color(b[3]);
@@ -497,7 +517,8 @@ D.lanes.forEach((lane,i)=>{const l=document.createElement('div');l.className='la
  const depth=lane.bars.reduce((m,b)=>Math.max(m,b[2]),0);
  l.innerHTML='<div class="label"></div><div class="track"></div>';
  l.firstChild.textContent=lane.label;const sm=document.createElement('small');
- sm.textContent=lane.state+(lane.where&&lane.state!=='ready'?' · '+lane.where:'')+' · pid '+lane.pid;
+ const over=lane.state==='ready'||lane.state==='serving';
+ sm.textContent=lane.state+(lane.where&&!over?' · '+lane.where:'')+' · pid '+lane.pid;
  if(lane.verdict)l.title=lane.verdict;l.firstChild.appendChild(sm);
  const track=l.lastChild;track.style.height=(4+(depth+1)*ROW)+'px';track.dataset.i=i;root.appendChild(l);
  if(budget>0||!io){budget-=lane.bars.length;draw(lane,track);}else io.observe(track);});

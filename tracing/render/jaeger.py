@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from .. import keys
 from ..verdicts.diagnose import Finding
 from .jsonout import dumps
 from .lanes import OPEN_ATTR, Bar, Held, Lane, Layout, lanes_held, resolve
@@ -71,6 +72,7 @@ _STATUS_CODES = {"ok": "OK", "open": "UNSET"}
 def _process(lane: Lane) -> dict[str, Any]:
     proc = lane.proc
     attrs = {**proc.resource, **proc.identity, "host.name": proc.host, "process.pid": proc.pid}
+    attrs[keys.PROCESS_STATE] = lane.state  # "initialised" (its launch not serving yet) vs "ready"/"serving"
     service = str(proc.resource.get("service.name") or "sglang")
     return {"serviceName": f"{service} {lane.label}", "tags": [tag(k, v) for k, v in attrs.items()]}
 
@@ -131,6 +133,7 @@ def _span(bar: Bar, process_id: str, flags: Marks) -> dict[str, Any]:
         warnings = [verdict, *(warnings or ())]
     if bar.uid in flags.waiting_for:
         tags.append(tag(WAITING_ATTR, flags.waiting_for[bar.uid]))
+    tags.extend(tag(k, v) for k, v in flags.waits_on.get(bar.uid, {}).items())
     logs = [
         {
             "timestamp": e["t"] // 1000,
@@ -180,7 +183,7 @@ def jaeger_chunks(lay: Layout, found: list[Finding] | None = None) -> Iterator[b
     flags = marks(lay, found or [])
     processes = {lane.index: _process(lane) for lane in lay.lanes}
     traces: dict[str, list[tuple[Lane, bytes | Held]]] = {}  # trace id -> (lane, its spans there), by first appearance
-    arg = (flags.culprit, flags.word, flags.waiting_for)
+    arg = (flags.culprit, flags.word, flags.waiting_for, flags.waits_on)
     for lane, parts in zip(lay.lanes, lanes_held(lay, lane_spans, arg), strict=True):
         for trace_id, chunk in parts:
             traces.setdefault(trace_id, []).append((lane, chunk))
@@ -197,13 +200,13 @@ def jaeger_chunks(lay: Layout, found: list[Finding] | None = None) -> Iterator[b
     yield b"]}"
 
 
-def lane_spans(lane: Lane, arg: tuple[dict[str, str], str, dict[str, str]]) -> list[tuple[str, bytes]]:
+def lane_spans(lane: Lane, arg: tuple[dict[str, str], str, dict[str, str], dict[str, Any]]) -> list[tuple[str, bytes]]:
     """(trace id, the lane's spans in it as JSON list items) for each trace the lane's bars are in,
     in order of first appearance (``lanes_map``: in the process holding them)."""
-    flags = Marks(arg[0], arg[1], arg[2])
+    flags = Marks(*arg)
     process_id = f"p{lane.index + 1}"
     pid_json, texts, tags_of = dumps(process_id), _TEXTS, _tags_bytes
-    flagged = flags.culprit.keys() | flags.waiting_for.keys()
+    flagged = flags.culprit.keys() | flags.waiting_for.keys() | flags.waits_on.keys()
     groups: dict[str, list[bytes]] = {}
     for bar in lane.bars:
         s = bar.span

@@ -18,6 +18,7 @@ import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -158,6 +159,9 @@ class Bar(msgspec.Struct, gc=False):  # made in C: a 1024-rank run lays out 270 
         return (self.end - self.span.start) / 1e9
 
 
+DONE = frozenset({"ready", "serving"})  # lane states of a start that is over
+
+
 @dataclass
 class Lane:
     proc: ProcessRec
@@ -172,18 +176,26 @@ class Lane:
 
     @property
     def state(self) -> str:
-        """``ready``, ``failed`` (an error ended the root), ``incomplete`` (a signal or exit ended
-        it), ``running`` (something still open), or ``exited`` (nothing open, no root)."""
-        root = self.proc.root
+        """``ready`` (its start is over: a rank's launch serves), ``serving`` (a launcher: its launch
+        serves), ``failed`` (an error ended the root), ``incomplete`` (a signal or exit ended it),
+        ``initialised`` (a rank's own init is done, its launch does not serve yet: the warm-up),
+        ``running`` (something still open), or ``exited`` (nothing open, no root)."""
+        proc = self.proc
+        root = proc.root
         if root is not None and root.status != "open":
-            return {"ok": "ready", "error": "failed"}.get(root.status, root.status)
-        return "running" if any(b.open for b in self.bars) else "exited"
+            if root.status == "ok":
+                return "serving" if proc.role == "launcher" and proc.serving else "ready"
+            return {"error": "failed"}.get(root.status, root.status)
+        if not any(b.open for b in self.bars):
+            return "exited"
+        return "initialised" if proc.initialised else "running"
 
     @functools.cached_property
     def where(self) -> Bar | None:
         """Where the process is or stopped: the innermost open phase, else the deepest failure
         (once per lane: several renderers ask, and a lane's bars are not changed once laid out)."""
-        open_bars = [b for b in self.bars if b.open]
+        idle = self.proc.initialised  # an initialised rank's open root is no place it is in
+        open_bars = [b for b in self.bars if b.open and not (idle and b.span is self.proc.root)]
         if open_bars:
             return max(open_bars, key=lambda b: (b.depth, b.span.start))
         failed = [b for b in self.bars if b.span.status in ("error", "incomplete")]
@@ -221,6 +233,9 @@ def _horizon(procs: list[ProcessRec], bounds: dict[Any, tuple[list[int], int]]) 
     times = [p.last_t for p in procs] + [s.end or s.start for p in procs for s in p.spans.values()]
     times += [got[1] for p in procs if (got := bounds.get(p.path))]
     return max(times or [0])
+
+
+_BAR_START = attrgetter("span.start")
 
 
 def layout(run: RunView, now: int | None = None, depth: int | None = None, attrs: bool = True) -> Layout:
@@ -277,7 +292,7 @@ def layout(run: RunView, now: int | None = None, depth: int | None = None, attrs
                 first_owner[parent_id] = own[parent_id]
     for bar, parent_id in elsewhere:
         bar.parent = first_owner.get(parent_id)
-    starts = [b.span.start for lane in lanes for b in lane.bars]
+    starts = [min(map(_BAR_START, lane.bars)) for lane in lanes if lane.bars]
     starts += [min(bounds[p.path][0][: None if depth is None else depth + 1]) for p in procs if p.path in bounds]
     start = min(starts) if starts else horizon
     return Layout(run, lanes, start, max(horizon, start), part)
@@ -289,7 +304,7 @@ class _Work:
     def __init__(self, trace_map: dict[str, str], depth: int | None, attrs: bool) -> None:
         self.trace_map, self.depth, self.scrub = trace_map, depth, attrs
         # id(attrs as read) -> (attrs id, as shown, as read, a span name, its phase key): spans share
-        # attrs objects (``records._AttrsCache``), and their copies a name
+        # attrs objects (``schema._AttrsCache``), and their copies a name
         self.by_object: dict[int, tuple[int, dict[str, Any], dict[str, Any], str, str]] = {}
         self.taken: set[str] = set()
 
@@ -309,7 +324,7 @@ class _Work:
                 continue
             attrs = span.attrs
             aid = -1
-            if scrub and (hit := by_object.get(id(attrs))) is not None:  # shared by spans (``records._AttrsCache``)
+            if scrub and (hit := by_object.get(id(attrs))) is not None:  # shared by spans (``schema._AttrsCache``)
                 aid, shown, _, named, key = hit
                 if shown is not attrs:
                     span.attrs = attrs = shown
@@ -347,8 +362,13 @@ class _Work:
             taken.add(uid)
             parent = own.get(parent_id) if parent_id else None
             end = span.end if span.end is not None else max(until, span.start)
-            if not scrub:
-                key = _raw_key(attrs, span.name)
+            if not scrub:  # a phase key per attrs object and name (spans share attrs: ``schema._AttrsCache``)
+                hit = by_object.get(id(attrs))
+                if hit is not None and hit[3] == span.name:
+                    key = hit[4]
+                else:
+                    key = _raw_key(attrs, span.name)
+                    by_object[id(attrs)] = (-1, attrs, attrs, span.name, key)  # ``attrs`` held: its id stays its
             bar = Bar(span, uid, parent, level, end, key, aid)
             if parent_id and up is None:
                 elsewhere.append((bar, parent_id))

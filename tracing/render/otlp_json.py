@@ -10,13 +10,20 @@ culprit phase (its rank only) has status ERROR with the verdict as message and
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from .. import keys
 from ..reader.run import ProcessRec
 from ..verdicts.diagnose import Finding
-from .jaeger import VERDICT_ATTR, WAITING_ATTR
-from .lanes import OPEN_ATTR, Bar, Layout
+from .jaeger import _TEXTS, VERDICT_ATTR, WAITING_ATTR
+from .jsonout import dumps
+
+try:  # text never fails it: ``jsonout.dumps`` without its fallback, per span
+    from orjson import dumps as _fast
+except ImportError:  # pragma: no cover
+    _fast = dumps
+from .lanes import OPEN_ATTR, Bar, Held, Lane, Layout, lanes_held, resolve
 from .verdict import Marks, marks
 
 SCOPE = {"name": "sglang-phasetrace", "version": "0.1.0"}
@@ -83,6 +90,7 @@ def _span(bar: Bar, flags: Marks) -> dict[str, Any]:
         attrs[VERDICT_ATTR] = verdict
     if bar.uid in flags.waiting_for:
         attrs[WAITING_ATTR] = flags.waiting_for[bar.uid]
+    attrs.update(flags.waits_on.get(bar.uid, {}))
     events = [
         {
             "timeUnixNano": str(e["t"]),
@@ -125,16 +133,72 @@ def _span(bar: Bar, flags: Marks) -> dict[str, Any]:
 
 
 def to_otlp_json(lay: Layout, found: list[Finding] | None = None) -> dict[str, Any]:
-    """``found``: the run's verdicts (``cli.findings``), root cause first; its culprit is flagged."""
+    """``found``: the run's verdicts (``cli.findings``), root cause first; its culprit is flagged.
+    The document ``otlp_chunks`` writes, as a value."""
+    return json.loads(b"".join(resolve(otlp_chunks(lay, found))))
+
+
+def otlp_chunks(lay: Layout, found: list[Finding] | None = None) -> Iterator[bytes | Held]:
+    """``to_otlp_json``'s document as compact JSON (``jsonout.dumps`` of it), one ``resourceSpans``
+    item per lane, each made by the process holding its spans (``lanes_held``: a split run's child
+    writes its own into the file)."""
     flags = marks(lay, found or [])
-    resource_spans = []
-    for lane in lay.lanes:
-        proc = lane.proc
-        resource = resource_attrs(proc)
-        resource_spans.append(
-            {
-                "resource": {"attributes": attributes(resource)},
-                "scopeSpans": [{"scope": SCOPE, "spans": [_span(b, flags) for b in lane.bars]}],
-            }
+    arg = (flags.culprit, flags.word, flags.waiting_for, flags.waits_on)
+    yield b'{"resourceSpans":['
+    for n, pieces in enumerate(lanes_held(lay, lane_resource_spans, arg)):
+        if n:
+            yield b","
+        for _, chunk in pieces:
+            yield chunk
+    yield b"]}"
+
+
+_HEAD_END = b'"spans":[]}]}'
+
+
+def lane_resource_spans(lane: Lane, arg: tuple) -> list[tuple[int, bytes]]:
+    """The lane's ``resourceSpans`` item (``lanes_map``: in the process holding its spans)."""
+    flags = Marks(*arg)
+    head = dumps(
+        {
+            "resource": {"attributes": attributes({**resource_attrs(lane.proc), keys.PROCESS_STATE: lane.state})},
+            "scopeSpans": [{"scope": SCOPE, "spans": []}],
+        }
+    )
+    flagged = flags.culprit.keys() | flags.waiting_for.keys() | flags.waits_on.keys()
+    texts = _TEXTS
+    items = []
+    for bar in lane.bars:
+        s = bar.span
+        end, aid = s.end, bar.attrs_id
+        if s.status != "ok" or end is None or s.events or s.error or aid < 0 or (flagged and bar.uid in flagged):
+            items.append(dumps(_span(bar, flags)))
+            continue
+        attrs = _ok_attrs.get(aid)
+        if attrs is None:
+            if len(_ok_attrs) > 100_000:
+                _ok_attrs.clear()
+            attrs = _ok_attrs[aid] = dumps(attributes(s.attrs))
+        parent = bar.parent
+        items.append(
+            _OK_SPAN
+            % (
+                texts[s.trace_id],
+                _fast(bar.uid),
+                texts[s.name],
+                s.start,
+                end,
+                attrs,
+                b',"parentSpanId":%b' % _fast(parent.uid) if parent is not None else b"",
+            )
         )
-    return {"resourceSpans": resource_spans}
+    return [(0, head[: -len(_HEAD_END)] + b'"spans":[' + b",".join(items) + b"]}]}")]
+
+
+# A span that ended well with nothing to flag (most of them): ``dumps(_span(...))``, byte for byte,
+# its attributes' JSON made once per ``Bar.attrs_id`` and the rest formatted in place.
+_OK_SPAN = (
+    b'{"traceId":%b,"spanId":%b,"name":%b,"kind":1,"startTimeUnixNano":"%d","endTimeUnixNano":"%d",'
+    b'"attributes":%b,"events":[],"status":{"code":1}%b}'
+)
+_ok_attrs: dict[int, bytes] = {}  # ``Bar.attrs_id`` (never reused) -> its attributes' JSON

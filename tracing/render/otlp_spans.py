@@ -66,6 +66,7 @@ def to_sdk_spans(lay: Layout, found: list[Finding] | None = None) -> list[Readab
                 attrs[VERDICT_ATTR] = verdict
             if bar.uid in flags.waiting_for:
                 attrs[WAITING_ATTR] = flags.waiting_for[bar.uid]
+            attrs.update(flags.waits_on.get(bar.uid, {}))
             events = [Event(str(e.get("name") or "event"), _attrs(e.get("attrs") or {}), e["t"]) for e in s.events]
             if s.error:
                 events.append(

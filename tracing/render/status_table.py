@@ -17,7 +17,7 @@ from rich.console import Group
 from rich.text import Text
 
 from ..verdicts.diagnose import Finding
-from .lanes import Lane, Layout
+from .lanes import DONE, Lane, Layout
 from .term import clean, text
 from .units import duration, size
 from .verdict import state as verdict_state
@@ -40,6 +40,8 @@ class StatusRow:
     collective: str
     verdict: str
     node: int | None = None  # the node of a multi-node launch (the label names it too)
+    usual: str = ""  # how long its phase took in earlier starts of the launch (``verdicts.usual.short``)
+    waits_on: str = ""  # what an idle or named rank waits on, as the OS shows it (``verdicts.evidence``)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,7 +113,7 @@ def status_rows(
         where = lane.where
         state = lane.state
         running = alive is None or alive.get((proc.host, proc.pid), True)
-        if state == "running" and not running:
+        if state in ("running", "initialised") and not running:
             state = "gone"
         finding = verdicts.get(proc.pid)
         if finding is not None and pids[proc.pid] > 1 and finding.label and finding.label != proc.label:
@@ -126,7 +128,7 @@ def status_rows(
                 pid=proc.pid,
                 host=proc.host,
                 state=state,
-                phase=where.key if where is not None and state != "ready" else None,
+                phase=where.key if where is not None and state not in DONE else None,
                 in_phase_s=max(  # never negative: another host's clock may be ahead of ours
                     0.0,
                     ((proc.last_t if state in ("gone", "died", "failed") or not running else now) - where.span.start)
@@ -150,6 +152,8 @@ def status_rows(
 
 STATE_STYLE = {
     "ready": "green",
+    "serving": "bold green",
+    "initialised": "cyan",
     "running": "",
     "stalled": "bold red",
     "failed": "bold red",
@@ -160,6 +164,7 @@ STATE_STYLE = {
     "exited": "yellow",
     "busy": "yellow",
     "slow": "yellow",
+    "unusual": "yellow",
 }
 
 
@@ -169,6 +174,7 @@ COLUMNS = (
     "state",
     "phase",
     "in phase",
+    "usually",
     "heartbeat",
     "progress",
     "cpu",
@@ -176,7 +182,9 @@ COLUMNS = (
     "threads",
     "gpu",
     "collective",
+    "waits on",
 )
+WAITS_SHOWN = 100  # characters of "waits on" in the table (the JSON and the verdict lines have it whole)
 RIGHT = {"pid", "in phase", "heartbeat", "cpu", "rss", "threads"}
 
 
@@ -187,6 +195,7 @@ def _cells(r: StatusRow) -> tuple[str, ...]:
         r.state,
         r.phase or "",
         duration(r.in_phase_s),
+        r.usual,
         f"{duration(r.heartbeat_age_s)} ago" if r.heartbeat_age_s is not None else "",
         r.progress,
         f"{r.cpu_pct:.0f}%" if r.cpu_pct is not None else "",
@@ -194,6 +203,7 @@ def _cells(r: StatusRow) -> tuple[str, ...]:
         str(r.threads) if r.threads is not None else "",
         r.gpu,
         r.collective,
+        r.waits_on if len(r.waits_on) <= WAITS_SHOWN else r.waits_on[: WAITS_SHOWN - 1] + "…",
     )
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
-from .lanes import Bar, Lane, Layout, lanes_map
+from .lanes import DONE, Bar, Lane, Layout, lanes_map
 from .phase_stats import phase_stats
 from .term import clean
 from .units import duration
@@ -130,6 +130,8 @@ def _tail(lane: Lane) -> str:
     where = lane.where
     if lane.state == "running" and where is not None:
         return f"{total} open in {clean(where.key)}"
+    if lane.state == "initialised" and where is not None:
+        return f"{total} initialised, open in {clean(where.key)}"
     if lane.state in ("failed", "incomplete") and where is not None:
         return f"{total} {lane.state} in {clean(where.key)}"
     return f"{total} {lane.state}"
@@ -152,7 +154,7 @@ def render_timeline(lay: Layout, width: int = 100, depth: int = 1) -> list[Text]
             for text, style in runs:
                 row.append(text, style=style)
             if n == 0:
-                row += Text(f"  {_tail(lane)}", style="red" if lane.state != "ready" else "")
+                row += Text(f"  {_tail(lane)}", style="red" if lane.state not in DONE else "")
             lines.append(row)
     lines.append(Text(""))
     lines.append(Text("legend (capitals: the slowest rank of that phase; '>': still open)", style="dim"))

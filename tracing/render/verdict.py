@@ -5,13 +5,22 @@ on the culprit's phase and the run summary all come from here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..redact import redact_text
+from ..verdicts import evidence
 from ..verdicts.diagnose import PREFIX, VERDICT, Finding
-from .lanes import Bar, Lane, Layout
+from .lanes import DONE, Bar, Lane, Layout
 from .units import duration
 
-STATE = {"died": "died", "failed": "failed", "not_started": "not started", "busy": "busy", "slow": "slow"}
+STATE = {
+    "died": "died",
+    "failed": "failed",
+    "not_started": "not started",
+    "busy": "busy",
+    "slow": "slow",
+    "unusual": "unusual",  # a notice (``verdicts.usual``): past every earlier start of its launch
+}
 
 
 def word(finding: Finding) -> str:
@@ -57,12 +66,21 @@ def headline(lay: Layout, found: list[Finding]) -> tuple[str, str]:
             + (f": {err}" if err else "")
             + (f" (+{len(failed) - 1} more)" if len(failed) > 1 else "")
         )
-    if ranks and all(lane.state == "ready" for lane in ranks):
+    launchers = [lane for lane in lay.lanes if lane.proc.role == "launcher"]
+    if ranks and all(lane.state in DONE for lane in ranks):
         slow = max(ranks, key=lambda lane: lane.root.seconds if lane.root else 0)
         took = duration(slow.root.seconds) if slow.root else ""
-        return "ready", f"READY — {len(ranks)} ranks ready; slowest {slow.label} in {took}"
+        serves = next((lane for lane in launchers if lane.state == "serving" and lane.root), None)
+        since = f"; serving after {duration(serves.root.seconds)}" if serves is not None else ""
+        return "ready", f"READY — {len(ranks)} ranks ready; slowest {slow.label} in {took}{since}"
     running = [lane for lane in ranks if lane.state == "running"]
-    return "running", f"RUNNING — {len(running)} of {len(ranks)} ranks still starting"
+    warming = [lane for lane in ranks if lane.state == "initialised"]
+    if warming and not running:
+        where = next((lane.where for lane in launchers if lane.state == "running" and lane.where), None)
+        waits = f" (launcher in {where.key} {duration(lay.rel(lay.end) - lay.rel(where.span.start))})" if where else ""
+        return "running", f"RUNNING — {len(warming)} of {len(ranks)} ranks initialised, the launch not serving{waits}"
+    more = f", {len(warming)} initialised" if warming else ""
+    return "running", f"RUNNING — {len(running)} of {len(ranks)} ranks still starting{more}"
 
 
 @dataclass
@@ -73,6 +91,7 @@ class Marks:
     culprit: dict[str, str] = field(default_factory=dict)  # uid -> the one-line verdict
     word: str = ""  # the verdict's word (STALL, DIED, …)
     waiting_for: dict[str, str] = field(default_factory=dict)  # uid -> "tp1 (barrier #3 on group 'tp' …)"
+    waits_on: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> what that rank waits on (attrs)
 
 
 def _phase_bar(lane: Lane, phase: str | None) -> Bar | None:
@@ -86,7 +105,9 @@ def _phase_bar(lane: Lane, phase: str | None) -> Bar | None:
 
 
 def marks(lay: Layout, found: list[Finding]) -> Marks:
-    """The first verdict's culprit phase, and each waiting peer's innermost open phase."""
+    """The first verdict's culprit phase, each waiting peer's innermost open phase, and what each rank
+    it names waits on (``evidence.attributes``, on that rank's phase; a verdict naming ranks together
+    flags each of theirs)."""
     verdicts = [f for f in found if f.alarm and f.kind not in ("divergence", "no_progress", "unknown")]
     if not verdicts:
         return Marks()
@@ -98,6 +119,14 @@ def marks(lay: Layout, found: list[Finding]) -> Marks:
     bar = _phase_bar(lane, f.phase) if lane is not None else None
     if bar is not None:
         out.culprit[bar.uid] = line(f)
+    for label, value in f.evidence.items():
+        ev = evidence.from_builtins(value)
+        named = by_label.get(label)
+        at = bar if named is not None and named is lane else _phase_bar(named, f.phase) if named else None
+        if ev is not None and at is not None:
+            out.waits_on[at.uid] = evidence.attributes(ev)
+            if f.kind == "waits_on":
+                out.culprit.setdefault(at.uid, line(f))
     for peer, waits in f.waiting.items():
         peer_lane = by_label.get(peer)
         open_bars = [b for b in peer_lane.bars if b.open] if peer_lane is not None else []

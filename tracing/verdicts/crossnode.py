@@ -14,7 +14,8 @@ A launch with ``--nnodes N --node-rank k --dist-init-addr HOST:PORT`` runs one l
   ``sglang.dist_init_addr`` as resource attributes, so they are still found.
 * **One view.** Each node's launcher publishes a snapshot of its processes (identity, open
   phases, the latest heartbeats, collectives in flight: the same records as its journals; of the
-  phases that ended, how many per phase and the latest end: whether peers left a rank behind) to that
+  phases that ended, how many per phase and the latest end: whether peers left a rank behind; what
+  a rank its watchdog suspects waits on, read from its own ``/proc``: ``verdicts.evidence``) to that
   store every heartbeat, through its own client connection (``tracing.relay``); node 0 reads every
   other node's and its watchdog diagnoses all ranks as one launch. Times are moved onto node 0's
   clock by the snapshot's own ``now`` at arrival (no comparison across clocks); a node whose
@@ -35,7 +36,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +44,10 @@ import msgspec
 
 from .. import files, keys, process_state, procs
 from ..journal import records
+from ..journal.waits_on import Evidence, from_builtins
 from ..reader.run import ProcessRec, RunView, node_of
 from ..recorder.launch import LAUNCH_FILE, Node
-from .node_snapshot import Launch, LaunchFile, Proc, Record, Snapshot
+from .node_snapshot import Launch, LaunchFile, Proc, Process, Record, Snapshot
 from .relay import Relay, decode, encode, parse_addr, printable
 
 log = logging.getLogger("sglang_phasetrace")
@@ -68,8 +70,9 @@ HEARTBEATS_SENT = 4
 # -- snapshots: what a node tells the others ----------------------------------------------------------
 
 
-def snapshot(view: RunView, node: int, seq: int, now: int) -> Snapshot:
-    """This node's processes as records (the journal's schema), small enough to send every beat."""
+def snapshot(view: RunView, node: int, seq: int, now: int, evidence: Mapping[int, Evidence] | None = None) -> Snapshot:
+    """This node's processes as records (the journal's schema), small enough to send every beat;
+    ``evidence``: pid -> what a rank this node's watchdog suspects waits on (read here, said there)."""
     sent = []
     for p in view.processes:
         if p.remote is not None or p.role not in ("rank", "launcher"):
@@ -101,7 +104,11 @@ def snapshot(view: RunView, node: int, seq: int, now: int) -> Snapshot:
         ]
         if p.exit is not None:
             recs.append(p.exit)
-        sent.append(_fit(p, {"progress_t": p.last_progress_t, "records": recs, "ended": ended}))
+        proc = _fit(p, {"progress_t": p.last_progress_t, "records": recs, "ended": ended})
+        ev = (evidence or {}).get(p.pid)
+        if ev is not None and from_builtins(msgspec.to_builtins(ev)) is not None:  # within the schema's bounds
+            proc.evidence = ev
+        sent.append(proc)
     return Snapshot(1, node, seq, now, sent)
 
 
@@ -129,9 +136,19 @@ def _fit(p: ProcessRec, entry: dict[str, Any]) -> Proc:
     return Proc(kept, entry["progress_t"], ended)
 
 
+def remote_evidence(snap: Snapshot) -> dict[tuple[str, int], Evidence]:
+    """(host, pid) -> what that node's launcher read its rank waits on, from its snapshot."""
+    out = {}
+    for entry in snap.procs:
+        head = next((r for r in entry.records if isinstance(r, Process)), None)
+        if entry.evidence is not None and head is not None and head.host is not None:
+            out[(head.host, head.pid)] = entry.evidence
+    return out
+
+
 def remote_processes(snap: Snapshot, offset_ns: int, source: str) -> list[ProcessRec]:
     """Another node's snapshot (decoded into the schema, which takes only records the journal's
-    ``records.validate`` takes) as processes, its times moved onto this host's clock by ``offset_ns``."""
+    ``schema.validate`` takes) as processes, its times moved onto this host's clock by ``offset_ns``."""
     out = []
     for entry in snap.procs:
         proc = ProcessRec(Path(source) / "remote.jsonl", remote=source)
@@ -188,6 +205,7 @@ class CrossNode:
         self.seen: dict[int, tuple[int, int]] = {}  # node -> (its seq, local time it arrived)
         self.offsets: dict[int, int] = {}
         self.payloads: dict[int, bytes] = {}  # node -> its latest payload, as received
+        self.evidence: dict[int, dict[tuple[str, int], Evidence]] = {}  # node -> (host, pid) -> what it waits on
         self.hosts: dict[int, str] = {}  # node -> the host its used snapshots named
         self.one_machine = one_machine(node.rendezvous)
         self.stale_said: set[int] = set()
@@ -260,12 +278,13 @@ class CrossNode:
             except OSError as exc:
                 files.say_once(self.run_dir / LAUNCH_FILE, exc, "spans are sent under this node's own trace id")
 
-    def exchange(self, view: RunView, now: int) -> list[str]:
-        """One watchdog pass: offer this node's snapshot; put the other nodes' into ``view``.
-        Returns notices (a node that stopped reporting), each once. Never raises: whatever another
-        party wrote to the store costs at most one warning naming the node, never the pass."""
+    def exchange(self, view: RunView, now: int, evidence: Mapping[int, Evidence] | None = None) -> list[str]:
+        """One watchdog pass: offer this node's snapshot (with ``evidence``: pid -> what a suspect rank
+        waits on); put the other nodes' into ``view``. Returns notices (a node that stopped reporting),
+        each once. Never raises: whatever another party wrote to the store costs at most one warning
+        naming the node, never the pass."""
         try:
-            payload: bytes | None = encode(snapshot(view, self.node.rank, next(self.seq), now))
+            payload: bytes | None = encode(snapshot(view, self.node.rank, next(self.seq), now, evidence))
         except Exception as exc:  # this node's own view: a bug here must not cost the pass either
             payload = None
             self._say(self.node.rank, "encode", f"this node's snapshot not sent: {exc!r}")
@@ -312,6 +331,7 @@ class CrossNode:
         if host is not None:
             self.hosts[node] = host
         view.set_remote(f"node-{node}", reported)
+        self.evidence[node] = remote_evidence(snap)
         self.stale_said.discard(node)
 
     def _check(self, view: RunView, node: int, reported: list[ProcessRec]) -> str | None:
@@ -349,6 +369,13 @@ class CrossNode:
             if (p.host, p.pid) in theirs:
                 raise Refused(f"it names pid {p.pid} on {shown}, which {theirs[p.host, p.pid]} reported")
         return host
+
+    def evidence_of(self, proc: ProcessRec) -> Evidence | None:
+        """What another node's rank waits on, as its node's launcher read it (never read from here)."""
+        if proc.remote is None or not proc.remote.startswith("node-"):
+            return None
+        node = proc.remote.removeprefix("node-")
+        return self.evidence.get(int(node), {}).get((proc.host, proc.pid)) if node.isdigit() else None
 
     def _say(self, node: int, problem: str, text: str) -> None:
         """One warning per node and problem (a key rewritten every pass is said once)."""

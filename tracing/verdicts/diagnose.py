@@ -11,7 +11,15 @@ exited, stopped, zombie); changes nothing, so the live watchdog, ``phasetrace wa
   no GPU work, no child at work): "blocked"; after ``stall_s`` when they cannot say (no figures).
   A rank still in a phase all peers left, without progress, is named after ``stall_s``;
 * **divergence**: ranks of one group entered different collectives at the same sequence number;
-* **no progress**: nothing moved on any rank for ``no_progress_s``.
+* **no progress**: nothing moved on any rank for ``no_progress_s``;
+* **waits on**: no rank is in a collective, every one is idle (its heartbeats agree) for
+  ``blocked_s``, and what the OS shows (``evidence``) is the same outside cause for each: one
+  lock's holder, one remote address that does not answer.
+
+What a named rank waits on (``evidence``: a lock and its holder, a busy child, a socket, its native
+call) is read by the caller's ``read`` (``evidence.RankReader``), only for the ranks a rule is about
+to name or finds idle, and said after the verdict; a rank that waits on its own busy child is never
+a stall (a *busy* notice naming the child).
 
 Not alarms (``Finding.alarm`` is False; returned with ``notices=True``, once per phase by key):
 
@@ -27,13 +35,19 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from .. import keys
-from ..reader.run import ProcessRec, RunView
+from ..journal.waits_on import MAX_EVIDENCE
+from ..reader.run import ProcessRec, RunView, where_detail
+from .evidence import Evidence, cause_key, from_builtins, labels_text, phrase, shared_cause
 
 NS = 1_000_000_000
+Read = Callable[[ProcessRec], "Evidence | None"]  # what a rank waits on, read when a rule needs it
 _P2P = {"send", "recv", "send_object", "recv_object", "send_tensor_dict", "recv_tensor_dict"}  # paired, not divergent
 _MEMBERS = re.compile(r"\[(\d+(?:,\d+)*)\]$")
 RENDEZVOUS = "dist.init_process_group"  # the phase where ranks meet at the launch's rendezvous (HOST:PORT)
@@ -87,6 +101,7 @@ class Thresholds:
         return max(self.busy_s, self.stall_s)
 
 
+NOTICES = ("busy", "slow", "unusual")  # kinds that are not alarms (``unusual``: ``verdicts.usual``)
 PREFIX = "sglang-phasetrace:"  # every verdict line a user sees, wherever the watchdog runs
 VERDICT = {"died": "DIED", "failed": "FAILED", "not_started": "NOT STARTED"}  # a finding's kind -> its word; else STALL
 
@@ -103,6 +118,7 @@ class Finding:
     stacks: list[str] = field(default_factory=list)  # stack dump paths, when taken
     pids: list[int] = field(default_factory=list)  # every process involved (named rank first)
     doing: str = ""  # what the named rank does, in words ("blocked (0 % CPU, sleeping; no GPU figures)")
+    evidence: dict[str, dict[str, Any]] = field(default_factory=dict)  # label -> what it waits on (builtins)
 
     @property
     def key(self) -> tuple:
@@ -112,7 +128,37 @@ class Finding:
     @property
     def alarm(self) -> bool:
         """False for notices (busy, slow): a rank that works or progresses is not stuck."""
-        return self.kind not in ("busy", "slow")
+        return self.kind not in NOTICES
+
+    def keep(self, found: dict[str, Evidence], *, replace: bool = False) -> Finding:
+        """Keep what the named ranks wait on (``MAX_EVIDENCE`` of them), as builtins the schema takes
+        (a value past a bound is left out here rather than the whole record refused by its readers)."""
+        for label, ev in found.items():
+            if len(self.evidence) < MAX_EVIDENCE or (replace and label in self.evidence):
+                value = msgspec.to_builtins(ev)
+                if from_builtins(value) is not None:
+                    self.evidence[label] = value
+        return self
+
+
+def said(ev: Evidence | None) -> str:
+    """What a rank waits on, as a verdict line says it after the rank (no duration: the line has
+    one); empty when the read found nothing to say."""
+    if ev is None or ev.gone or ev.cause in ("none", "gone"):
+        return ""
+    return phrase(msgspec.structs.replace(ev, waited_s=None))
+
+
+def evidence_clause(procs: list[ProcessRec], read: Read | None) -> tuple[str, dict[str, Evidence]]:
+    """``tp0, tp1 wait for …`` (one cause shared) or ``tp0 waits …; tp1 …``, and what was read."""
+    found = {p.label: ev for p in procs[:MAX_EVIDENCE] if read is not None and (ev := read(p)) is not None}
+    shown = {label: ev for label, ev in found.items() if said(ev)}
+    if not shown:
+        return "", found
+    shared = shared_cause(shown) if len(shown) > 1 else None
+    if shared is not None and len(shared.labels) == len(shown):
+        return shared.text, found
+    return "; ".join(f"{label} {said(ev)}" for label, ev in shown.items()), found
 
 
 def this_host() -> str:
@@ -140,12 +186,18 @@ def _where(proc: ProcessRec, now: int) -> tuple[str | None, str, float | None]:
     """(phase, "in 'x'" or where it idles, seconds in that phase) of the innermost open phase."""
     span = proc.current
     if span is not None:
-        return span.phase, f"in '{span.phase}'", (now - span.start) / NS
+        return span.phase, f"in '{span.phase}'{where_detail(proc, span)}", (now - span.start) / NS
     ended = [s for s in proc.spans.values() if s.end is not None]
     if ended:
         last = max(ended, key=lambda s: s.end or 0)
         return None, f"between phases ('{last.phase}' ended {(now - (last.end or now)) / NS:.0f} s ago)", None
     return None, "before its first phase", None
+
+
+def suspects(run: RunView, now: int, th: Thresholds) -> list[ProcessRec]:
+    """Ranks still starting that made no progress for ``blocked_bound``: those whose waits are worth
+    reading when no rule asks (the idle ranks ``status`` shows, a node's snapshot for node 0)."""
+    return [p for p in run.ranks if _initialising(p) and (now - p.last_progress_t) / NS >= th.blocked_bound]
 
 
 def _beats(run: RunView, proc: ProcessRec) -> list[dict[str, Any]]:
@@ -290,8 +342,16 @@ def _duration(seconds: float) -> str:
 # -- the rules --------------------------------------------------------------------------------------------
 
 
-def analyze(run: RunView, now_ns: int, thresholds: Thresholds | None = None, *, notices: bool = False) -> list[Finding]:
-    """Alarms first-found order; with ``notices``, also ``busy`` and ``slow`` (not alarms)."""
+def analyze(
+    run: RunView,
+    now_ns: int,
+    thresholds: Thresholds | None = None,
+    *,
+    notices: bool = False,
+    read: Read | None = None,
+) -> list[Finding]:
+    """Alarms first-found order; with ``notices``, also ``busy`` and ``slow`` (not alarms). ``read``:
+    what a rank waits on (``evidence.RankReader``), asked only for the ranks a rule names or finds idle."""
     th = thresholds or Thresholds()
     ranks = [p for p in run.processes if p.role == "rank"]
     active = [p for p in ranks if _initialising(p) and os_state(p) not in ("exited", "zombie")]
@@ -304,24 +364,26 @@ def analyze(run: RunView, now_ns: int, thresholds: Thresholds | None = None, *, 
         age = (now_ns - _heartbeat_t(beats[p.pid], p)) / NS
         if age >= th.silent_s:
             silent.add(p.pid)
-            findings.append(_silent(p, age, active, now_ns, th))
+            findings.append(_silent(p, age, active, now_ns, th, read))
 
     by_world = {w: p for p in ranks if (w := _world_rank(p)) is not None}
     for s in active:
         if s.pid not in silent:
-            finding = _waited_on(run, s, beats[s.pid], active, ranks, by_world, now_ns, th)
+            finding = _waited_on(run, s, beats[s.pid], active, ranks, by_world, now_ns, th, read)
             if finding is not None:
                 findings.append(finding)
     findings += _divergence(ranks)
-    findings += _rendezvous(active, ranks, now_ns, th)
+    findings += _rendezvous(active, ranks, now_ns, th, read)
+    if not silent and not any(f.kind in EXPLAINED for f in findings):
+        findings += _waiting_together(active, beats, now_ns, th, read)
 
     stalled = [p for p in active if (now_ns - p.last_progress_t) / NS >= th.stall_s]
     # a busy or progressing rank is not "nothing moved"; ranks waiting at the rendezvous are said so
-    explained = ("straggler", "divergence", "busy", "slow", "rendezvous")
-    if len(stalled) == len(active) and not any(f.kind in explained for f in findings):
+    if len(stalled) == len(active) and not any(f.kind in EXPLAINED for f in findings):
         quiet = min((now_ns - p.last_progress_t) / NS for p in active)
         if quiet >= th.no_progress_s:
             places = "; ".join(f"{p.label} {_where(p, now_ns)[1]}" for p in active)
+            clause, found = evidence_clause(active, read)
             first = active[0]
             findings.append(
                 Finding(
@@ -330,14 +392,16 @@ def analyze(run: RunView, now_ns: int, thresholds: Thresholds | None = None, *, 
                     first.pid,
                     _where(first, now_ns)[0],
                     quiet,
-                    f"no progress on any rank for {quiet:.0f} s: {places}",
+                    f"no progress on any rank for {quiet:.0f} s: {places}" + (f"; {clause}" if clause else ""),
                     pids=[p.pid for p in active],
-                )
+                ).keep(found)
             )
     return findings if notices else [f for f in findings if f.alarm]
 
 
-def _rendezvous(active: list[ProcessRec], ranks: list[ProcessRec], now: int, th: Thresholds) -> list[Finding]:
+def _rendezvous(
+    active: list[ProcessRec], ranks: list[ProcessRec], now: int, th: Thresholds, read: Read | None
+) -> list[Finding]:
     """Every rank still initialising has waited ``stall_s`` in the rendezvous: no rank here to blame
     (the others, on other nodes, never joined, or the address is not reachable from here)."""
     waiting = [p for p in active if (c := p.current) is not None and c.phase == RENDEZVOUS]
@@ -354,6 +418,7 @@ def _rendezvous(active: list[ProcessRec], ranks: list[ProcessRec], now: int, th:
     labels = ", ".join(p.label for p in waiting)
     seen = f"{len(ranks)} rank{'' if len(ranks) == 1 else 's'} seen"
     seen = f"world size {world}, {len(ranks)} seen" if isinstance(world, int) else seen
+    clause, found = evidence_clause(waiting, read)
     return [
         Finding(
             "rendezvous",
@@ -363,10 +428,10 @@ def _rendezvous(active: list[ProcessRec], ranks: list[ProcessRec], now: int, th:
             since,
             f"{labels}{on} {'has' if len(waiting) == 1 else 'have'} waited {since:.0f} s in '{RENDEZVOUS}' for "
             f"the rendezvous at {addr} ({seen}): the other ranks (other nodes) have not joined, or the "
-            "address is not reachable from here",
+            "address is not reachable from here" + (f"; {clause}" if clause else ""),
             pids=[p.pid for p in waiting],
             doing="waiting for the rendezvous",
-        )
+        ).keep(found)
     ]
 
 
@@ -398,25 +463,7 @@ def _detail(waiting: dict[str, dict[str, Any]], now: int) -> str:
     )
 
 
-def _labels(labels: list[str]) -> str:
-    """``tp0..tp7, tp9`` for runs of three or more consecutive ranks; other labels as they are."""
-    out: list[str] = []
-    run: list[int] = []
-
-    def close() -> None:
-        out.extend([f"tp{run[0]}..tp{run[-1]}"] if len(run) > 2 else [f"tp{n}" for n in run])
-        run.clear()
-
-    for label in labels:
-        n = int(label[2:]) if label.startswith("tp") and label[2:].isdigit() else None
-        if n is None or (run and n != run[-1] + 1):
-            close()
-        if n is None:
-            out.append(label)
-        else:
-            run.append(n)
-    close()
-    return ", ".join(out)
+_labels = labels_text  # ``tp0..tp7, tp9``
 
 
 def _waited_on(
@@ -428,6 +475,7 @@ def _waited_on(
     by_world: dict[int, ProcessRec],
     now: int,
     th: Thresholds,
+    read: Read | None = None,
 ) -> Finding | None:
     """The straggler / busy / slow verdict on one rank that its peers wait for (or left behind)."""
     waiting = _waiters(s, active, now, th.blocked_bound)
@@ -459,9 +507,27 @@ def _waited_on(
             doing=f"slow ({estimate})",
         )
     what = doing(beats, s.last_progress_t, now, th, own is not None)
-    if (what.state == "blocked" and waiting and min(quiet, wait_s) >= th.blocked_bound) or (
+    stalled = (what.state == "blocked" and waiting and min(quiet, wait_s) >= th.blocked_bound) or (
         what.state != "busy" and quiet >= th.stall_s
-    ):
+    )
+    busy = what.state == "busy" and quiet >= th.busy_bound
+    ev = read(s) if read is not None and (stalled or busy) else None
+    if ev is not None and ev.busy:  # it waits on its own busy child: busy, never a stall
+        if quiet < th.busy_bound:
+            return None
+        return Finding(
+            "busy",
+            s.label,
+            s.pid,
+            phase,
+            quiet,
+            f"rank {s.label} ({s.who}) {ev.text}, {where}: no progress{for_s} ({what.text}): {detail}",
+            waiting=_texts(waiting, now),
+            pids=pids,
+            doing=f"busy ({what.text})",
+        ).keep({s.label: ev})
+    more = said(ev)
+    if stalled:
         verdict = "is blocked" if what.state == "blocked" else "has made no progress"
         return Finding(
             "straggler",
@@ -469,31 +535,107 @@ def _waited_on(
             s.pid,
             phase,
             quiet,
-            f"rank {s.label} ({s.who}) {verdict} {where}{for_s} ({what.text}): {detail}",
+            f"rank {s.label} ({s.who}) {verdict} {where}{for_s} ({what.text})"
+            + (f" and {more}" if more else "")
+            + f": {detail}",
             waiting=_texts(waiting, now),
             pids=pids,
             doing=f"{what.state} ({what.text})",
-        )
-    if what.state == "busy" and quiet >= th.busy_bound:
+        ).keep({s.label: ev} if ev is not None else {})
+    if busy:
         return Finding(
             "busy",
             s.label,
             s.pid,
             phase,
             quiet,
-            f"rank {s.label} ({s.who}) is busy, not stuck, {where}: no progress{for_s} ({what.text}): {detail}",
+            f"rank {s.label} ({s.who}) is busy, not stuck, {where}: no progress{for_s} ({what.text})"
+            + (f"; it {more}" if more else "")
+            + f": {detail}",
             waiting=_texts(waiting, now),
             pids=pids,
             doing=f"busy ({what.text})",
-        )
+        ).keep({s.label: ev} if ev is not None else {})
     return None
+
+
+EXPLAINED = ("straggler", "divergence", "busy", "slow", "rendezvous", "waits_on")  # no "no progress" beside these
+
+
+def _still(ev: Evidence, th: Thresholds) -> bool:
+    """An outside cause that holds it now: a lock, or a socket with nothing to read and nothing in
+    for ``blocked_bound`` (where ``tcp_info`` says)."""
+    if ev.gone or ev.busy or ev.cause not in ("lock", "socket"):
+        return False
+    if ev.cause == "socket":
+        sock = ev.sockets[0]
+        recent = sock.last_recv_s is not None and sock.last_recv_s < th.blocked_bound
+        return not sock.rx_queue and not recent
+    return True
+
+
+def _waiting_together(
+    active: list[ProcessRec], beats: dict[int, list[dict[str, Any]]], now: int, th: Thresholds, read: Read | None
+) -> list[Finding]:
+    """No rank in a collective, every one idle for ``blocked_bound`` (its heartbeats agree), and each
+    held by an outside cause the OS shows (a lock, a socket): named within the blocked bound, not
+    after the no-progress one. Ranks that share the cause are named together."""
+    if read is None or not active:
+        return []
+    for p in active:
+        if p.waiting_in is not None or (now - p.last_progress_t) / NS < th.blocked_bound:
+            return []
+        if p.current is not None and p.current.phase == RENDEZVOUS:  # said at stall_s: another node may be late
+            return []
+        if doing(beats[p.pid], p.last_progress_t, now, th, False).state != "blocked":
+            return []
+    found: dict[str, Evidence] = {}
+    for p in active:
+        ev = read(p)
+        if ev is None or not _still(ev, th):
+            return []
+        found[p.label] = ev
+    groups: dict[Any, list[ProcessRec]] = {}
+    for p in active:
+        groups.setdefault(cause_key(found[p.label]), []).append(p)
+    out = []
+    for procs in groups.values():
+        labels = [p.label for p in procs]
+        shared = shared_cause(found, idle=labels)
+        if shared is None or not shared.alarm:
+            return []
+        first = procs[0]
+        phases = {_where(p, now)[1] for p in procs}
+        nodes = {p.node for p in procs}
+        on = f" on node-{next(iter(nodes))}" if len(nodes) == 1 and None not in nodes else ""
+        where = (
+            f", {next(iter(phases))}{on}"
+            if len(phases) == 1
+            else "; " + "; ".join(f"{p.label} {_where(p, now)[1]}" for p in procs)
+        )
+        quiet = min((now - p.last_progress_t) / NS for p in procs)
+        out.append(
+            Finding(
+                "waits_on",
+                first.label,
+                first.pid,
+                _where(first, now)[0],
+                quiet,
+                f"{shared.text}{where}",
+                pids=[p.pid for p in procs],
+                doing=f"waiting ({shared.kind})",
+            ).keep({label: found[label] for label in labels})
+        )
+    return out
 
 
 def _texts(waiting: dict[str, dict[str, Any]], now: int) -> dict[str, str]:
     return {label: _wait_text(coll, now) for label, coll in waiting.items()}
 
 
-def _silent(p: ProcessRec, age: float, active: list[ProcessRec], now: int, th: Thresholds) -> Finding:
+def _silent(
+    p: ProcessRec, age: float, active: list[ProcessRec], now: int, th: Thresholds, read: Read | None = None
+) -> Finding:
     phase, where, in_phase = _where(p, now)
     state = os_state(p)
     if state == "stopped":
@@ -505,17 +647,19 @@ def _silent(p: ProcessRec, age: float, active: list[ProcessRec], now: int, th: T
     waiting = _waiters(p, active, now, 0.0)
     detail = f"; {_detail(waiting, now)}" if waiting else ""
     since = f" for {in_phase:.0f} s" if in_phase is not None else ""
+    ev = read(p) if read is not None else None
+    more = f"; it {said(ev)}" if said(ev) else ""
     return Finding(
         "silent",
         p.label,
         p.pid,
         phase,
         age,
-        f"rank {p.label} ({p.who}) is silent: no heartbeat for {age:.0f} s ({cause}), {where}{since}{detail}",
+        f"rank {p.label} ({p.who}) is silent: no heartbeat for {age:.0f} s ({cause}), {where}{since}{more}{detail}",
         waiting=_texts(waiting, now),
         pids=[p.pid],
         doing=f"silent ({cause})",
-    )
+    ).keep({p.label: ev} if ev is not None else {})
 
 
 def _peers_left(s: ProcessRec, ranks: list[ProcessRec], before: int) -> list[ProcessRec]:

@@ -9,8 +9,8 @@ from typing import Any
 
 from .. import procs
 from ..reader.run import ProcessRec, RunView
-from . import postmortem
-from .diagnose import VERDICT, Finding, Thresholds, analyze
+from . import evidence, postmortem, usual
+from .diagnose import VERDICT, Finding, Read, Thresholds, analyze, said
 from .not_started import not_started
 
 NS = 1_000_000_000
@@ -21,6 +21,8 @@ def from_record(record: dict[str, Any]) -> Finding:
     """A ``diagnosis`` journal record (Finding's fields; the finding's kind as ``finding``)."""
     waiting = record.get("waiting")
     stacks = record.get("stacks")
+    told = record.get("evidence")
+    told = told if isinstance(told, dict) else {}
     return Finding(
         kind=str(record.get("finding") or "stall"),
         label=str(record.get("label") or ""),
@@ -30,6 +32,7 @@ def from_record(record: dict[str, Any]) -> Finding:
         message=str(record.get("message") or ""),
         waiting={str(k): str(v) for k, v in waiting.items()} if isinstance(waiting, dict) else {},
         stacks=[str(s) for s in stacks] if isinstance(stacks, list) else [],
+        evidence={str(k): v for k, v in told.items() if evidence.from_builtins(v) is not None},
     )
 
 
@@ -93,13 +96,15 @@ def live(
     *,
     notices: bool = False,
     named: set[Any] | None = None,
+    read: Read | None = None,
 ) -> list[tuple[Finding, int]]:
     """What the journals say now, one finding per rank, each with when its trouble began (ns): ranks
     that ended during init (``postmortem``: ``gone``, pids known to be no longer running; exit
     records and error ends are used in any case), then ranks that never reached their first phase,
     then a fresh analysis of the others (``notices``: busy and slow ones too). A rank ``named``
-    (pid or label) already is left out. The one place verdicts are put together: the watchdog's
-    pass and every viewer (``findings``) both call it."""
+    (pid or label) already is left out. ``read``: what a rank waits on (``evidence.RankReader``),
+    asked for the ranks a verdict or notice names. The one place verdicts are put together: the
+    watchdog's pass and every viewer (``findings``) both call it."""
     named = set() if named is None else named
     if ends is None:
         ends = postmortem.endings(run, gone or {})
@@ -108,14 +113,34 @@ def live(
     for found, when in (
         (postmortem.findings(run, gone or {}, ends), ended_at),
         (not_started(run, now_ns, th.stall_s, th.no_progress_s), {}),
-        (analyze(run, now_ns, th, notices=notices), {}),
+        (analyze(run, now_ns, th, notices=notices, read=read), {}),
     ):
         for f in found:
             if (f.pid and f.pid in named) or (f.label and f.label in named):
                 continue
-            named.update(x for x in (f.pid, f.label) if x)
+            named.update(x for x in (f.pid, f.label, *f.evidence) if x)
+            if f.kind == "not_started":
+                _waits_on(run, f, read)
             out.append((f, when.get(f.pid, now_ns - int(f.since_s * NS))))
+    known = usual.known(run)  # the launch's earlier starts: "usually N s", a phase past all of them
+    if known is not None:
+        involved = named | {pid for f, _ in out for pid in f.pids}  # a peer a verdict says waits is explained
+        for f in usual.unusual(run, now_ns, th, known, involved) if notices else ():
+            named.update(x for x in (f.pid, f.label) if x)
+            out.append((f, now_ns - int(f.since_s * NS)))
+        usual.annotate(run, [f for f, _ in out], now_ns, known)
     return out
+
+
+def _waits_on(run: RunView, finding: Finding, read: Read | None) -> None:
+    """What the rank a finding names waits on, said after its line (the rules that read it while
+    judging, in ``diagnose``, say it in their own words)."""
+    proc = process_of(run, finding)
+    ev = read(proc) if proc is not None and read is not None else None
+    if proc is not None and ev is not None:
+        finding.keep({proc.label: ev})
+        if said(ev):
+            finding.message += f"; it {said(ev)}"
 
 
 def findings(
@@ -123,9 +148,11 @@ def findings(
     now_ns: int,
     thresholds: Thresholds | None = None,
     gone: dict[int, procs.Ended | None] | None = None,
+    read: Read | None = None,
 ) -> list[Finding]:
     """One finding per rank, alarms before notices, the alarm that began first (the root cause)
-    first: recorded diagnoses that still hold, then what the journals say now (``live``)."""
+    first: recorded diagnoses that still hold, then what the journals say now (``live``; ``read``:
+    what a rank waits on, for the ranks a fresh verdict names)."""
     th = thresholds or Thresholds.from_env()
     began: dict[int, int] = {}  # id(finding) -> ns: when the trouble began
     try:
@@ -148,8 +175,9 @@ def findings(
             shown.append(finding)
             began[id(finding)] = t
     named = {f.pid for f in shown if f.pid} | {f.label for f in shown if f.label}
+    named |= {label for f in shown if f.kind == "waits_on" for label in f.evidence}  # ranks named together
     try:
-        for finding, t in live(run, now_ns, th, gone, ends, named=named):
+        for finding, t in live(run, now_ns, th, gone, ends, named=named, read=read):
             shown.append(finding)
             began[id(finding)] = t
     except Exception as exc:  # a verdict we cannot compute is said, not fatal
@@ -163,10 +191,16 @@ def alarms(found: list[Finding]) -> list[Finding]:
 
 
 def by_process(run: RunView, found: list[Finding]) -> dict[int, Finding]:
-    """pid -> the finding that names it (the first)."""
+    """pid -> the finding that names it (the first); one that names ranks together (they wait on one
+    cause) names each of them."""
     out: dict[int, Finding] = {}
+    by_label = {p.label: p for p in run.processes if p.role == "rank"}
     for finding in found:
         proc = process_of(run, finding)
         if proc is not None:
             out.setdefault(proc.pid, finding)
+        if finding.kind == "waits_on":
+            for label in finding.evidence:
+                if label in by_label:
+                    out.setdefault(by_label[label].pid, finding)
     return out

@@ -66,6 +66,12 @@ def endings(run: RunView, gone: dict[int, procs.Ended | None]) -> list[Ending]:
             ended = gone.get(proc.pid)
             if _finished_cleanly(proc, ended, recorded):
                 continue
+            raised = [s.end for s in proc.spans.values() if s.status == "error" and s.end]
+            if proc.initialised and raised:
+                # a warm-up pass raised: SGLang's rank process caught it and ended, its root still open
+                phase, seconds, text = _error_phase(proc)
+                out.append(Ending(proc, max(raised), f"failed: {text}", phase, seconds, True))
+                continue
             if ended is not None:
                 how = ended.describe()
             elif recorded is not None:

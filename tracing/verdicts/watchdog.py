@@ -1,6 +1,7 @@
 """The watchdog: reads every rank's journal and heartbeats, names a stalled or dead rank within seconds.
 
-Runs as a thread in the launching process (from its launch until the server is ready) and as
+Runs as a thread in the launching process (from its launch until the launch serves: "ready to
+roll", after the warm-up, for ``launch_server``; ``Engine.__init__`` returned) and as
 ``phasetrace watch RUN_DIR``. On each new finding it reads the stacks of the ranks involved
 (``tracing.stacks``: only processes proven to be the traced ones), prints one line to stderr,
 writes a ``diagnosis`` record, adds an OTel event, and exports the in-flight phases as
@@ -29,13 +30,15 @@ from ..journal import records
 from ..reader.run import ProcessRec, RunView
 from ..recorder import metrics, otlp, runtime
 from ..redact import printable, redact_text
-from . import postmortem
+from . import evidence, postmortem
 from . import stack_requests as stacks
-from .diagnose import PREFIX, VERDICT, Finding, Thresholds
+from .diagnose import PREFIX, VERDICT, Finding, Thresholds, said, suspects
+from .evidence.ranks import RankReader
 from .findings import live
 
 log = logging.getLogger("sglang_phasetrace")
 MAX_STACKS = 8
+EXIT_WAIT_S = 1.0  # the longest an exiting launcher waits for its start to be recorded (``history.keeper``)
 
 
 def running(proc: ProcessRec) -> bool:
@@ -95,13 +98,20 @@ class Watchdog:
         self.hints_said: set[str] = set()  # each known-fix hint once per watch, not once per rank
         self.abort_after = _float_env(keys.ENV_ABORT_AFTER)
         self._exporter: Any = None
+        # what a suspect rank waits on: read from /proc here, another node's from its snapshot
+        self.waits = RankReader(remote=lambda p: self.crossnode.evidence_of(p) if self.crossnode else None)
+        self.keeps = False  # a launcher's: it records its start in the history (``keep``)
+        self.keeper: Any = None  # ``history.keeper.Keeper``, made at the first recording
+        self.indexed = False  # the run's index writer was started (``index_later``)
 
     def step(self, now_ns: int | None = None) -> list[Finding]:
         """One pass: read what is new, analyze, act on findings not reported yet. Returns them."""
         with self.lock:
             self.run.refresh()
             now_ns = now_ns or time.time_ns()
-            notices = self.crossnode.exchange(self.run, now_ns) if self.crossnode is not None else []
+            read = self.waits.now  # what the last pass read: this node's snapshot carries it
+            self.waits.start(self.run)
+            notices = self.crossnode.exchange(self.run, now_ns, read) if self.crossnode is not None else []
             for notice in notices:
                 print(printable(f"{PREFIX} NOTICE {notice}"), file=self.out, flush=True)
             local = [p for p in self.run.ranks if p.remote is None and p.node in (None, self.node)]
@@ -110,7 +120,10 @@ class Watchdog:
                 done()
             self._look_for_exits()
             th = self.thresholds
-            findings = [f for f, _ in live(self.run, now_ns, th, self.gone, notices=True)]
+            findings = [f for f, _ in live(self.run, now_ns, th, self.gone, notices=True, read=self.waits)]
+            if self.crossnode is not None and self.node:  # node 0 judges this node's suspects from its snapshot
+                for proc in suspects(self.run, now_ns, th):
+                    self.waits(proc)
             metrics.stalled(self.run.path, findings, [p.label for p in self.run.ranks], th.heartbeat_s)  # OTLP
             new = [
                 f
@@ -121,6 +134,8 @@ class Watchdog:
                 self.first_seen[finding.key] = time.monotonic()
                 self.named.add(finding.pid)
                 self.act(finding)
+            if self.keeps and any(f.alarm for f in new) and not (self.keeper is not None and self.keeper.final):
+                keep(self, final=False)  # a launcher killed after its stall still leaves its start
             self._maybe_abort(findings)
             return new
 
@@ -146,6 +161,7 @@ class Watchdog:
         involved = [procs_by_pid[pid] for pid in dict.fromkeys(finding.pids) if pid in procs_by_pid][:MAX_STACKS]
         if finding.alarm and finding.kind not in ("died", "failed"):
             finding.stacks = [] if self.quick else self.take_stacks(involved, finding)
+            self._native_frame(finding, involved)
         word = VERDICT.get(finding.kind, "STALL") if finding.alarm else "NOTICE"
         line = f"{PREFIX} {word} {finding.message}"
         if finding.stacks:
@@ -180,6 +196,26 @@ class Watchdog:
                 paths += map(str, stacks.request(target, run_dir, proc.path.stem, reason))
         return paths
 
+    def _native_frame(self, finding: Finding, involved: list[ProcessRec]) -> None:
+        """The named rank read again with the py-spy dump just taken (its native frame classified):
+        its evidence, and the words the line says for it, become the finer ones."""
+        spy = next((Path(p) for p in finding.stacks if "-py-spy-" in Path(p).name), None)
+        proc = involved[0] if involved else None
+        if spy is None or proc is None or proc.label not in finding.evidence:
+            return
+        try:
+            text = spy.read_text(errors="replace")
+        except OSError:
+            return
+        old, new = evidence.from_builtins(finding.evidence[proc.label]), self.waits(proc, native=text)
+        if old is None or new is None or new.gone or old.busy or new.busy:
+            return
+        finding.keep({proc.label: new}, replace=True)
+        for before, after in ((old.text, new.text), (said(old), said(new))):
+            if before and after and before in finding.message:
+                finding.message = finding.message.replace(before, after, 1)
+                break
+
     def last_words(self) -> None:
         """Before SGLang tears the launch down (its SIGQUIT handler kills the process tree): one
         last pass, so a rank that died is named, then the root cause. Bounded; never raises."""
@@ -205,10 +241,9 @@ class Watchdog:
         rt = runtime.current()
         root = rt.root
         if root is not None and root.is_recording():
-            root.add_event(
-                keys.STALL_EVENT,
-                {keys.FINDING: finding.kind, keys.RANK_LABEL: finding.label, keys.MESSAGE: finding.message},
-            )
+            attrs = {keys.FINDING: finding.kind, keys.RANK_LABEL: finding.label, keys.MESSAGE: finding.message}
+            ev = evidence.from_builtins(finding.evidence.get(finding.label))
+            root.add_event(keys.STALL_EVENT, {**attrs, **(evidence.attributes(ev) if ev is not None else {})})
         from ..recorder import exporters
 
         if self._exporter is None:
@@ -278,6 +313,7 @@ def diagnosis_record(finding: Finding) -> dict[str, Any]:
         redact_text(finding.message),
         finding.waiting,
         finding.stacks,
+        evidence=finding.evidence or None,
     )
 
 
@@ -289,12 +325,15 @@ def _float_env(name: str) -> float | None:
 
 
 def start_in_launcher(rt: runtime.Runtime) -> Watchdog | None:
-    """Watch this launch from the launching process until it is ready (or exits)."""
+    """Watch this launch from the launching process until it serves (or exits): its ranks are
+    watched through their warm-up, initialised but not serving (``recorder.serving``)."""
     if os.environ.get(keys.ENV_WATCHDOG, "1") == "0" or rt.run_dir is None:
         return None
     os.environ[keys.ENV_LAUNCHER] = str(os.getpid())  # ranks spawned from here start tracing at import
     dog = process_state.STATE.launcher_watchdog = Watchdog(rt.run_dir, record=rt.write)
+    dog.keeps = True
     rt.on_ready.append(lambda: _ready(dog))
+    atexit.register(keep_at_exit)  # registered first, runs last: after the post-mortem's records
     atexit.register(launcher_last_words)  # a launch that ends before ready: its post-mortem
     threading.Thread(target=dog.loop, name="phasetrace-watchdog", daemon=True).start()
     return dog
@@ -305,6 +344,54 @@ def _ready(dog: Watchdog) -> None:
     dog.stop.set()
     if dog.crossnode is not None:
         dog.crossnode.finish()
+    keep(dog)
+    index_later(dog, serving=True)
+
+
+def index_later(dog: Watchdog, serving: bool) -> None:
+    """Have the run's index written by a detached, niced process (``reader.index``), so every viewer
+    after it reads the run once: now, when the launch serves; else after this launcher exits and
+    its ranks are gone, unless it is written by then. Never raises."""
+    try:
+        from ..reader import index
+
+        if (dog.indexed and serving) or (not serving and (Path(dog.run.path) / index.INDEX_NAME).exists()):
+            return
+        dog.indexed = True
+        index.spawn_writer(list(dog.run.paths), "now" if serving else "exit", allow_serving=serving)
+    except Exception as exc:
+        log.debug("sglang-phasetrace: index not written: %r", exc)
+
+
+def keep(dog: Watchdog, final: bool = True, wait_s: float = 0.0) -> None:
+    """Record the launch's start in the history (``tracing.history``) from a thread: at ready, at
+    exit (then waiting at most ``wait_s``); at each new stall verdict before that (not ``final``).
+    Never raises."""
+    try:
+        if dog.keeper is None:
+            from ..history import keeper
+
+            if keeper.off(dog.run.path):
+                return
+            dog.keeper = keeper.Keeper(dog.run, dog.lock)
+        dog.keeper.record(final=final)
+        if wait_s > 0:
+            dog.keeper.wait(wait_s)
+    except Exception as exc:
+        log.debug("sglang-phasetrace: history: not recorded: %r", exc)
+
+
+def keep_at_exit() -> None:
+    """The launcher exits: its start recorded as it ended (already at ready: what is left of that
+    is waited for), waiting at most ``history.keeper.EXIT_WAIT_S``."""
+    dog = process_state.STATE.launcher_watchdog
+    if dog is None:
+        return
+    if dog.keeper is not None and dog.keeper.final:
+        dog.keeper.wait()
+    else:
+        keep(dog, wait_s=EXIT_WAIT_S)
+    index_later(dog, serving=False)
 
 
 def launcher_last_words() -> list[int]:
@@ -328,6 +415,7 @@ def launcher_last_words() -> list[int]:
         log.debug("sglang-phasetrace: last words failed: %r", exc)
         return []
     finally:
+        keep(dog, wait_s=EXIT_WAIT_S)  # the teardown kills this process next: no atexit after it
         if previous is not None:
             with contextlib.suppress(ValueError, OSError):
                 signal.signal(signal.SIGQUIT, previous)
