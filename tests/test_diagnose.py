@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from sglang_phasetrace.tracing import keys
 from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.keys import ENV_ABORT_AFTER
 from sglang_phasetrace.tracing.reader import load
@@ -195,6 +196,27 @@ def test_no_progress_anywhere(tmp_path: Path) -> None:
     r1 = Rank(tmp_path, 1).phase("attention.init", 200)
     [f] = findings(tmp_path, r0, r1)
     assert f.kind == "no_progress" and "tp0 in 'graph.capture'" in f.message and "tp1 in 'attention.init'" in f.message
+
+
+def test_no_progress_with_every_rank_initialised_names_the_launchers_phase(tmp_path: Path) -> None:
+    """Every rank's own init is done and the launch does not serve: what is left is the launcher's."""
+    ranks = [Rank(tmp_path, w, "0,1").phase("model.load_weights", 290, 280) for w in range(2)]
+    for rank in ranks:
+        rank.records.append(records.event(NOW - 200 * S, rank.root, keys.INITIALISED, {}))
+    launcher = tmp_path / "journal" / "other-99.jsonl"
+    root = "9000000000000001"
+    lines = [
+        records.process(NOW - 300 * S, 99, None, "other", tmp_path.name, None, {}),
+        records.identity(NOW - 300 * S, "launcher", "launcher", {}),
+        records.begin(NOW - 300 * S, root, None, "a" * 32, "sglang.launch", {"sglang.phase": "launch.server"}, "M"),
+        records.begin(
+            NOW - 250 * S, "9000000000000002", root, "a" * 32, "x", {"sglang.phase": "server.wait_ready"}, "M"
+        ),
+    ]
+    launcher.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    [f] = findings(tmp_path, *ranks)
+    assert f.kind == "no_progress" and "(initialised: its launch does not serve yet)" in f.message, f.message
+    assert "the launcher (pid 99) is in 'server.wait_ready'" in f.message, f.message
 
 
 def test_ready_ranks_are_never_reported(tmp_path: Path) -> None:

@@ -104,6 +104,19 @@ def test_no_import_circle() -> None:
             visit(node, [node])
 
 
+def test_the_wheel_carries_every_package() -> None:
+    """A folder with an ``__init__.py`` missing from ``packages`` is left out of the wheel: the
+    checkout works, the installed tool dies on import (a CI run found it only in test_install)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(tool["packages"])
+    on_disk = set()
+    for name, folder in tool["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            on_disk.add(".".join([name, *init.parent.relative_to(ROOT / folder).parts]))
+    assert on_disk - listed == set(), "add to pyproject.toml's packages"
+
+
 @pytest.mark.sglang
 def test_a_traced_rank_imports_nothing_of_the_reader_side(engine_run) -> None:
     dumps = sorted((engine_run.run_dir.parent / "modules").glob("*.txt"))

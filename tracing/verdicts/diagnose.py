@@ -383,6 +383,12 @@ def analyze(
         quiet = min((now_ns - p.last_progress_t) / NS for p in active)
         if quiet >= th.no_progress_s:
             places = "; ".join(f"{p.label} {_where(p, now_ns)[1]}" for p in active)
+            if all(p.initialised and p.current is p.root for p in active):  # what is left is the launcher's
+                places += "".join(
+                    f"; the launcher (pid {lp.pid}) is {_where(lp, now_ns)[1]}"
+                    for lp in run.processes
+                    if lp.role == "launcher" and lp.current is not None
+                )
             clause, found = evidence_clause(active, read)
             first = active[0]
             findings.append(
