@@ -7,6 +7,7 @@ Every real-SGLang test starts a fresh interpreter with only ``PYTHONPATH`` point
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -69,7 +70,23 @@ def hook_env(base_dir: Path, extra: dict[str, str] | None = None, hooks: bool = 
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A free port below the kernel's ephemeral range: a server that binds it a minute later (SGLang
+    binds its HTTP port after init) cannot find it taken by an outgoing connection's local port
+    meanwhile (gloo, the TCPStore, an OTLP exporter), as one bound from the range could (a CI run
+    saw ``[Errno 98] address already in use``). SGLang derives ports from it upwards: room is left."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200 if low > 3072 else 0):
+        port = random.randrange(max(1024, low - 12000), low - 1000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # everything below the range in use: as before
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

@@ -16,10 +16,8 @@ import enum
 import json
 import logging
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -452,26 +450,11 @@ def _plant(module):
 """
 
 
-def server_port() -> int:
-    """A free port below the ephemeral range: the server binds it a minute after it is picked, and in
-    that minute gloo's connections take ephemeral ports (``free_port`` hands one out)."""
-    low, _ = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    for _ in range(100):
-        port = random.randrange(max(1024, low - 12000), low - 1000)  # SGLang takes ports above it too
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    return free_port()
-
-
 class Server:
     """``python -m sglang.launch_server --tp 2`` under the hook, in its own process group."""
 
     def __init__(self, model: Path, base: Path, env: dict[str, str] | None = None) -> None:
-        self.base, self.port = base, server_port()
+        self.base, self.port = base, free_port()
         self.err = base / "server.err"
         with open(self.err, "w") as err:
             self.proc = subprocess.Popen(
