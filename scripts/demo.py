@@ -40,7 +40,8 @@ def main() -> int:
     from sglang_phasetrace.tracing.cli import main as phasetrace
 
     code = phasetrace(["run", "--dir", str(runs), "--", *command])
-    run_dir = max(runs.iterdir(), key=lambda p: p.stat().st_mtime)
+    # the newest run directory (the base directory also holds the history database)
+    run_dir = max((p for p in runs.iterdir() if (p / "journal").is_dir()), key=lambda p: p.stat().st_mtime)
     print(f"\ntrace: journal {run_dir / 'journal'}/ (one JSON-lines file per process)", flush=True)
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     print(f"       OTLP: {endpoint or 'off (set OTEL_EXPORTER_OTLP_ENDPOINT to send to Jaeger)'}")

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CPU_ENV, ROOT, SCRIPTS, kill_group
+from conftest import ROOT, SCRIPTS, kill_group
 from sglang_phasetrace.tracing.cli import main
 
 # A stand-in launch: records its environment, writes a launcher and two rank journals the way
@@ -108,35 +108,30 @@ def test_run_command_that_cannot_start(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 @pytest.mark.sglang
-def test_run_real_sglang_start(
-    tiny_model: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for key, value in CPU_ENV.items():
-        monkeypatch.setenv(key, value)
-    for key in [k for k in os.environ if k.startswith(("SGLANG_PHASETRACE", "OTEL_", "TRACEPARENT"))]:
-        monkeypatch.delenv(key)
-    base = tmp_path / "runs"
-    code = main(
-        [
-            "run",
-            "--dir",
-            str(base),
-            "--",
-            sys.executable,
-            str(SCRIPTS / "start_engine.py"),
-            str(tiny_model[0]),
-            "--tp",
-            "2",
-            "--no-generate",
-        ]
+def test_the_readme_main_job_a_real_traced_start_then_its_timeline(tmp_path: Path) -> None:
+    """README command 1 as a user runs it: ``scripts/demo.py`` makes a tiny model, starts
+    ``sglang.Engine(tp_size=2)`` through ``phasetrace run``, generates, then prints the run's timeline
+    (the newest run directory: the base directory also holds the history database)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_PHASETRACE", "OTEL_", "TRACEPARENT"))}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / "demo.py"), "--dir", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
     )
-    err = capsys.readouterr().err
-    assert code == 0, err[-3000:]
+    assert done.returncode == 0, done.stderr[-3000:]
+    base = tmp_path / "runs"
     run_dir = only_run_dir(base)
-    assert "READY — 2 ranks ready" in err
+    assert (base / "history.sqlite").is_file()  # the start was remembered
+    assert "READY — 2 ranks ready" in done.stderr
     assert {p.name for p in (run_dir / "journal").iterdir()} and (run_dir / "report.html").is_file()
-    for rank in ("tp0", "tp1"):
-        assert any(line.split()[1:3] == [rank, "ready"] for line in err.splitlines() if line.startswith("phasetrace:"))
+    said = [line.split()[1:3] for line in done.stderr.splitlines() if line.startswith("phasetrace:")]
+    assert ["tp0", "ready"] in said and ["tp1", "ready"] in said
+    assert f"trace: journal {run_dir / 'journal'}/" in done.stdout
+    lanes = {line.split()[0] for line in done.stdout.splitlines() if line.strip()}
+    assert {"launcher", "tp0", "tp1", "legend"} <= lanes, done.stdout[-3000:]
 
 
 # -- phasetrace run never orphans its command, whatever fails inside phasetrace --------------------
