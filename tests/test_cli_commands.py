@@ -130,6 +130,13 @@ def test_every_verb_on_a_bad_run_directory_says_why_in_one_line(
             code, _, err = run_cli(capsys, verb, path, *extra)
             assert code == 1 and why in err and path in err, (verb, path, err)
             assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    base = tmp_path / "runs"  # the directory the runs are made in: its newest run is named
+    for name in ("20261204-100000-aaaaaa", "20261204-110000-bbbbbb"):
+        (base / name / "journal").mkdir(parents=True)
+    os.utime(base / "20261204-100000-aaaaaa", (1, 1))
+    code, _, err = run_cli(capsys, "timeline", str(base))
+    newest = base / "20261204-110000-bbbbbb"
+    assert code == 1 and f"no journal/ inside; a directory of runs, the newest: {newest}" in err, err
     if os.geteuid() != 0:  # root reads anything
         locked = tmp_path / "locked"
         (locked / "journal").mkdir(parents=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import stat
 import sys
@@ -75,7 +76,7 @@ def check_run_dir(path: str | Path, journal: bool = True) -> Path:
             if stat.S_ISDIR(mode):
                 os.listdir(where)
         except FileNotFoundError:
-            why = "it does not exist" if where == path else f"no {JOURNAL_DIR}/ inside"
+            why = "it does not exist" if where == path else f"no {JOURNAL_DIR}/ inside{_newest_run(path)}"
             raise CommandError(f"{path}: not a phasetrace run directory ({why})") from None
         except OSError as exc:
             raise CommandError(f"{where}: cannot read the {what} ({exc.strerror or exc})") from None
@@ -84,6 +85,24 @@ def check_run_dir(path: str | Path, journal: bool = True) -> Path:
         if not journal:
             break
     return path
+
+
+def _newest_run(base: Path, most: int = 10_000) -> str:
+    """``; a directory of runs, the newest: …`` when ``base`` holds run directories (the
+    ``--dir`` of ``phasetrace run``, ``SGLANG_PHASETRACE_DIR``), else nothing; looks at ``most`` entries."""
+    try:
+        with os.scandir(base) as entries:
+            runs = [e.path for e in itertools.islice(entries, most) if os.path.isdir(os.path.join(e.path, JOURNAL_DIR))]
+    except OSError:
+        return ""
+    return f"; a directory of runs, the newest: {max(runs, key=_mtime)}" if runs else ""
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
 
 
 def open_run(path: str | Path, *more: str | Path, split: bool = False) -> RunView:
