@@ -38,10 +38,13 @@ def main() -> int:
         command += ["--draft", str(draft)]
 
     from sglang_phasetrace.tracing.cli import main as phasetrace
+    from sglang_phasetrace.tracing.cli.command import newest_run
 
     code = phasetrace(["run", "--dir", str(runs), "--", *command])
-    # the newest run directory (the base directory also holds the history database)
-    run_dir = max((p for p in runs.iterdir() if (p / "journal").is_dir()), key=lambda p: p.stat().st_mtime)
+    run_dir = newest_run(runs)
+    if run_dir is None:
+        print(f"demo: no run directory in {runs}", file=sys.stderr)
+        return code or 1
     print(f"\ntrace: journal {run_dir / 'journal'}/ (one JSON-lines file per process)", flush=True)
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     print(f"       OTLP: {endpoint or 'off (set OTEL_EXPORTER_OTLP_ENDPOINT to send to Jaeger)'}")

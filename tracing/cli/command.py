@@ -76,7 +76,12 @@ def check_run_dir(path: str | Path, journal: bool = True) -> Path:
             if stat.S_ISDIR(mode):
                 os.listdir(where)
         except FileNotFoundError:
-            why = "it does not exist" if where == path else f"no {JOURNAL_DIR}/ inside{_newest_run(path)}"
+            if where == path:
+                why = "it does not exist"
+            elif (newest := newest_run(path)) is not None:
+                why = f"no {JOURNAL_DIR}/ inside; a directory of runs, the newest: {newest}"
+            else:
+                why = f"no {JOURNAL_DIR}/ inside"
             raise CommandError(f"{path}: not a phasetrace run directory ({why})") from None
         except OSError as exc:
             raise CommandError(f"{where}: cannot read the {what} ({exc.strerror or exc})") from None
@@ -87,15 +92,15 @@ def check_run_dir(path: str | Path, journal: bool = True) -> Path:
     return path
 
 
-def _newest_run(base: Path, most: int = 10_000) -> str:
-    """``; a directory of runs, the newest: …`` when ``base`` holds run directories (the
-    ``--dir`` of ``phasetrace run``, ``SGLANG_PHASETRACE_DIR``), else nothing; looks at ``most`` entries."""
+def newest_run(base: str | Path, most: int = 10_000) -> Path | None:
+    """The newest run directory in ``base`` (the ``--dir`` of ``phasetrace run``,
+    ``SGLANG_PHASETRACE_DIR``: it also holds ``history.sqlite``), or None; looks at ``most`` entries."""
     try:
         with os.scandir(base) as entries:
             runs = [e.path for e in itertools.islice(entries, most) if os.path.isdir(os.path.join(e.path, JOURNAL_DIR))]
     except OSError:
-        return ""
-    return f"; a directory of runs, the newest: {max(runs, key=_mtime)}" if runs else ""
+        return None
+    return Path(max(runs, key=_mtime)) if runs else None
 
 
 def _mtime(path: str) -> float:
