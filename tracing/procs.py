@@ -8,12 +8,14 @@ host can read in ``/proc`` and copy. So a journal's process is *proven* ours (``
 it runs on this host and boot, started when the journal says, and holds that very journal file
 open: a file of this user that nobody else can write. The proof is made after the process is
 pinned by a pidfd, and the signal goes through that pidfd: a pid recycled after the proof cannot
-receive it. Only a proven process is ever signalled or read with py-spy.
+receive it (a stack-dump signal, aimed at the main thread, on a kernel before 6.9: ``tgkill`` just
+after the pidfd shows the process runs). Only a proven process is ever signalled or read with py-spy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
 import signal
@@ -102,6 +104,24 @@ class Pinned:
         except ProcessLookupError:
             return False
 
+    def send_to_main_thread(self, sig: int) -> bool:
+        """Send ``sig`` to the main thread alone; False when the process is gone or the signal
+        cannot be aimed. A stack dump is written by the thread it describes: faulthandler reading
+        other threads' frames while they run Python can crash the process (``recorder.stackdump``).
+        Through the pidfd where the kernel aims it (6.9+), else ``tgkill`` once the pidfd says the
+        process still runs (the proof then holds up to the call, not through it)."""
+        try:
+            if self.fd is not None:
+                try:
+                    signal.pidfd_send_signal(self.fd, sig, None, PIDFD_SIGNAL_THREAD)
+                    return True
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:  # EINVAL: a kernel without the flag
+                        raise
+            return self.running() and _tgkill(self.pid, sig)
+        except ProcessLookupError:
+            return False
+
     def running(self) -> bool:
         """Not ended since it was pinned (a pidfd is readable once its process has exited)."""
         if self.fd is None:
@@ -123,6 +143,24 @@ class Pinned:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+PIDFD_SIGNAL_THREAD = 1  # linux/pidfd.h (6.9+): to the pidfd's own thread; a process's pidfd names its main thread
+
+
+def _tgkill(pid: int, sig: int) -> bool:
+    """``tgkill(pid, pid, sig)``: the main thread of ``pid`` (glibc 2.30+); False where libc lacks it."""
+    import ctypes
+
+    call = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
+    if call is None:
+        return False
+    if call(pid, pid, sig) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == errno.ESRCH:
+        return False
+    raise OSError(err, os.strerror(err))
 
 
 def _pidfd(pid: int) -> int | None:

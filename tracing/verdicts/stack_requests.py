@@ -6,11 +6,13 @@ In order of preference, for a process proven to be the traced one (``tracing.pro
 2. ``py-spy dump`` (out of process, where installed and ptrace is allowed): Python and native
    frames. It pauses the process for the read (milliseconds).
 3. ``faulthandler`` on a signal (default SIGUSR2, ``SGLANG_PHASETRACE_STACK_SIGNAL``): every traced
-   process registers it when tracing starts; its C-level handler writes all threads' Python stacks
-   even while the main thread holds the GIL in C. The signal is sent only when ``/proc`` shows the
-   process catches it. What a signal can interrupt: a system call in progress returns EINTR where
-   it is not restarted (``poll``/``epoll_wait``/``nanosleep`` never are; Python retries its own,
-   PEP 475); a C ``sleep()`` returns early. NCCL/gloo waits retry; an application's own C code may not.
+   process registers it when tracing starts; its C-level handler writes the Python stack of the
+   thread the signal reaches, even while that thread holds the GIL in C. The signal is aimed at the
+   main thread (where SGLang initialises) and sent only when ``/proc`` shows the process catches
+   it; other threads' stacks come from py-spy (``recorder.stackdump`` says why). What a signal can
+   interrupt: a system call in progress returns EINTR where it is not restarted
+   (``poll``/``epoll_wait``/``nanosleep`` never are; Python retries its own, PEP 475); a C ``sleep()``
+   returns early. NCCL/gloo waits retry; an application's own C code may not.
 
 The process's own faulthandler writes to ``RUN_DIR/stacks/<host>-<pid>.txt``, a file it made
 itself (it appends to it from C, so what it writes is Python frames: file names, line numbers,
@@ -93,7 +95,7 @@ def request(target: procs.Pinned, run_dir: Path, stem: str, reason: str, wait_s:
         finally:
             os.close(fd)
         paths = [stacks / name]
-        if not armed or not target.send(sig):  # not armed (yet): the default action would end it
+        if not armed or not target.send_to_main_thread(sig):  # not armed (yet): the default would end it
             return paths
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
