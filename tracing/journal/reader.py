@@ -217,11 +217,18 @@ _LONG = f"a line over {LINE_MAX >> 20} MiB (the cap on one journal line)"
 def read_regular(path: Path, offset: int = 0, limit: int = -1) -> bytes:
     """The bytes of a regular file from ``offset`` (``limit`` at most): never through a symbolic
     link, never blocking on a FIFO or reading a device (``OSError`` naming why instead)."""
-    fd, _ = _open_regular(path)
+    fd, size = _open_regular(path)
     try:
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            f.seek(offset)
-            return f.read(limit)
+        # what fstat says is there in one read (a buffered read of ``limit`` allocates all of it first:
+        # 1 MiB for a 300-byte status file), then on to the end (``/proc`` files say 0; a file may grow)
+        want = max(0, size - offset) if limit < 0 else min(max(0, size - offset), limit)
+        data = os.pread(fd, want, offset) if want else b""
+        while limit < 0 or len(data) < limit:
+            more = os.pread(fd, 1 << 16 if limit < 0 else min(1 << 16, limit - len(data)), offset + len(data))
+            if not more:
+                break
+            data += more
+        return data
     finally:
         os.close(fd)
 
