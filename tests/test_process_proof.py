@@ -342,6 +342,13 @@ def test_a_link_at_stacks_is_not_written_through_and_said_once(
 
 # -- item 10: fork, and pre-flight's process group ---------------------------------------------------
 
+
+def traced_env(run: Path, **more: str) -> dict[str, str]:
+    """This environment without our settings, then tracing into ``run`` (and ``more``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_PHASETRACE")}
+    return {**env, "SGLANG_PHASETRACE_RUN_DIR": str(run), **more}
+
+
 FORKED = textwrap.dedent(
     """
     import os, signal, sys, time
@@ -373,8 +380,7 @@ def test_a_forked_child_never_dumps_into_its_parents_stack_file(child: str, tmp_
     """SIGUSR2 to a forked child: the parent's file gets nothing. A child that traces dumps into its
     own file; one that does not ends of SIGUSR2 as it would untraced (SIGUSR2's default action)."""
     run = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_PHASETRACE")}
-    env.update(SGLANG_PHASETRACE_RUN_DIR=str(run), SGLANG_PHASETRACE_HEARTBEAT_S="3600")
+    env = traced_env(run, SGLANG_PHASETRACE_HEARTBEAT_S="3600")
     done = subprocess.run(
         [sys.executable, "-c", FORKED, child], capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path
     )
@@ -425,11 +431,9 @@ def test_stack_dumps_never_crash_a_traced_process_whose_threads_run(aim: str, tm
             real(fd, sig, siginfo, flags)
 
         monkeypatch.setattr(signal, "pidfd_send_signal", before_6_9)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_PHASETRACE")}
     for n in range(3):
         run = tmp_path / f"run{n}"
-        env.update(SGLANG_PHASETRACE_RUN_DIR=str(run))
-        busy = subprocess.Popen([sys.executable, "-c", BUSY], stdout=subprocess.PIPE, text=True, env=env)
+        busy = subprocess.Popen([sys.executable, "-c", BUSY], stdout=subprocess.PIPE, text=True, env=traced_env(run))
         try:
             assert busy.stdout is not None and busy.stdout.readline() == "ready\n"
             with procs.Pinned(busy.pid, os.pidfd_open(busy.pid)) as target:

@@ -465,13 +465,17 @@ def redact_text(text: str, limit: int | None = MAX_TEXT) -> str:
     ``limit`` characters (None: a whole file, which its reader bounds)."""
     if not isinstance(text, str):
         text = str(text)
-    if len(text) <= _MEMO_TEXT:  # names and values repeat in every record of a journal
-        hit = _memo.get((text, limit))
-        if hit is None:
-            if len(_memo) >= _MEMO_SIZE:
-                _memo.clear()
-            hit = _memo[(text, limit)] = _cut(_redact(text), limit) if limit is not None else _redact(text)
-        return hit
+    if len(text) > _MEMO_TEXT:
+        return _redact_text(text, limit)
+    hit = _memo.get((text, limit))  # names and values repeat in every record of a journal
+    if hit is None:
+        if len(_memo) >= _MEMO_SIZE:
+            _memo.clear()
+        hit = _memo[(text, limit)] = _redact_text(text, limit)
+    return hit
+
+
+def _redact_text(text: str, limit: int | None) -> str:
     dropped = 0
     if limit is not None and len(text) > MAX_SCAN:  # the middle would be cut anyway: not read
         half = MAX_SCAN // 2
