@@ -592,7 +592,10 @@ def test_a_healthy_launch_server_serves_then_its_ranks_go_quiet(tiny_model, tmp_
             ok = len(found) == 2 and all(r["ready"] and r["t"] > fresh_after for r in found.values())
             return found if ok else None
 
-        before = server.wait_for(statuses, 10, "status files saying ready")
+        # a status written after both were found serving: a collective still inside its wrapper as
+        # the rank switched (counted when it ends) is in it, not in what the requests are held to
+        switched = time.time_ns()
+        before = server.wait_for(lambda: statuses(switched), 10, "status files saying ready")
         for _ in range(3):
             assert server.generate() is not None
         asked = time.time_ns()
