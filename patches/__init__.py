@@ -5,13 +5,14 @@ None of these modules imports SGLang; the engine patches each target module when
 
 from __future__ import annotations
 
-from . import collectives, distributed, graphs, installed, model_runner, scheduler, server, speculative
+from . import collectives, distributed, graphs, installed, model_runner, processes, scheduler, server, speculative
 from .engine import PatchEngine, Plan
 from .installed import current_engine, patch_model_class
 from .spec import Call, Phase
 
 PHASES: tuple[Phase, ...] = (
     *server.PHASES,
+    *processes.PHASES,
     *scheduler.PHASES,
     *distributed.PHASES,
     *model_runner.PHASES,

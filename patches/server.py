@@ -112,7 +112,6 @@ PHASES = (
         enter=_subprocess_args,
     ),
     Phase("launch.wait_ranks", (f"{ENGINE}:_wait_for_scheduler_ready",)),
-    Phase("launch.dp_controller", ("sglang.srt.managers.data_parallel_controller:DataParallelController.__init__",)),
     Phase(
         keys.PHASE_WAIT_READY,
         (f"{HTTP}:_wait_and_warmup", "sglang.srt.server:_wait_and_warmup"),

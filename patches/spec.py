@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from ..tracing.phases import USES, Report
 
-Kind = Literal["call", "generator", "rank", "launch", "ready", "warmup", "collective"]
+Kind = Literal["call", "generator", "rank", "launch", "ready", "warmup", "collective", "loop"]
 HookResult = "dict[str, Any] | Report | None"
 
 

@@ -3,7 +3,7 @@
 Tracing comes only from the environment (``PYTHONPATH=sitecustomize_hooks``), exactly as for an
 unmodified SGLang launch; this script does not import sglang-phasetrace.
 
-    python scripts/start_engine.py MODEL_DIR [--tp 2] [--draft DRAFT_DIR] [--no-generate]
+    python scripts/start_engine.py MODEL_DIR [--tp 2] [--dp 1] [--draft DRAFT_DIR] [--no-generate]
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
     parser.add_argument("--tp", type=int, default=2)
+    parser.add_argument("--dp", type=int, default=1)
     parser.add_argument("--draft", help="EAGLE draft model directory")
     parser.add_argument("--no-generate", action="store_true")
     args = parser.parse_args()
     for key, value in CPU_ENV.items():
         os.environ.setdefault(key, value)
     cores = os.cpu_count() or 1
-    os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "|".join(str(i % cores) for i in range(args.tp)))
+    os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "|".join(str(i % cores) for i in range(args.tp * args.dp)))
 
     import sglang
 
@@ -38,6 +39,7 @@ def main() -> int:
         model_path=args.model,
         device="cpu",
         tp_size=args.tp,
+        dp_size=args.dp,
         max_total_tokens=4096,
         log_level=os.environ.get("SGLANG_LOG_LEVEL", "warning"),
     )

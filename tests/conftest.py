@@ -45,7 +45,8 @@ def have_sglang() -> bool:
         return False
 
 
-requires_sglang = pytest.mark.skipif(not have_sglang(), reason="real sglang is not installed")
+NO_SGLANG = "real sglang is not installed"
+requires_sglang = pytest.mark.skipif(not have_sglang(), reason=NO_SGLANG)  # with @pytest.mark.sglang
 
 
 @dataclass
@@ -254,3 +255,24 @@ def read_journal(path: Path) -> tuple[list[dict], list[str]]:
 
     tail = JournalTail(path)
     return tail.read(final=True), tail.problems
+
+
+# Fixtures that start real SGLang (or make what it starts on): a test that asks for one, directly
+# or through another fixture, is an ``sglang`` test, and says so (``pytest -m "not sglang"``: the
+# fast loop of docs/contributing.md).
+STARTS_SGLANG = frozenset({"tiny_model", "engine_run", "live_run"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse, at collection, a test that starts SGLang without the ``sglang`` marker."""
+
+    def needs(item: pytest.Item) -> bool:
+        skips = [m for m in item.iter_markers("skipif") if m.kwargs.get("reason") == NO_SGLANG]
+        return bool(skips or STARTS_SGLANG & set(getattr(item, "fixturenames", ())))
+
+    unmarked = [item.nodeid for item in items if needs(item) and item.get_closest_marker("sglang") is None]
+    if unmarked:
+        raise pytest.UsageError(
+            "these tests need real SGLang (@requires_sglang, or a fixture in conftest.STARTS_SGLANG) without "
+            "@pytest.mark.sglang: " + ", ".join(unmarked)
+        )

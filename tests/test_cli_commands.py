@@ -583,8 +583,8 @@ def test_real_run_every_reader(engine_run, capsys: pytest.CaptureFixture[str], t
 
     code, out, _ = run_cli(capsys, "status", run_dir, "--json")
     rows = {r["label"]: r for r in json.loads(out)["ranks"]}
-    assert code == 0 and set(rows) == {"launcher", *ranks}
-    assert all(rows[r]["state"] == "ready" and rows[r]["verdict"] == "" for r in ranks)
+    assert code == 0 and set(rows) == {"launcher", *ranks, "detokenizer"}  # every process of the launch
+    assert all(rows[r]["state"] == "ready" and rows[r]["verdict"] == "" for r in [*ranks, "detokenizer"])
     for r in ranks:  # a heartbeat was written: its figures are shown; GPU fields stay blank on CPU
         if rows[r]["heartbeat_age_s"] is not None:
             assert rows[r]["rss"] > 0 and rows[r]["threads"] > 0 and rows[r]["gpu"] == ""
@@ -595,10 +595,11 @@ def test_real_run_every_reader(engine_run, capsys: pytest.CaptureFixture[str], t
     assert 'class="verdict ready">READY — 2 ranks ready' in html
     data = report_data(html)
     lanes = {lane["label"]: lane for lane in data["lanes"]}
-    assert set(lanes) == {"launcher", *ranks} and all(len(lanes[r]["bars"]) > 10 for r in ranks)
+    assert set(lanes) == {"launcher", *ranks, "detokenizer"} and all(len(lanes[r]["bars"]) > 10 for r in ranks)
     assert "<td>model.load_weights</td>" in html
 
 
+@pytest.mark.sglang
 @requires_sglang
 def test_doctor_on_installed_sglang() -> None:
     both = (
@@ -617,3 +618,25 @@ def test_doctor_on_installed_sglang() -> None:
     assert runtime and all(p["status"] == "run time" for p in runtime)
     assert "every required phase resolves" in table and "resolved on the model classes" in table
     assert rows_by_label(table, ["rank"])["rank"].split()[1:4] == ["first", "yes", "ok"]
+
+
+def test_watch_honours_every_threshold_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``phasetrace watch`` makes its thresholds as ``status`` does: every variable, flags over them."""
+    from sglang_phasetrace.tracing.cli import watch as watch_cli
+    from sglang_phasetrace.tracing.verdicts.diagnose import Thresholds
+
+    made: list[Thresholds] = []
+
+    def watchdog(run_dir: object, th: Thresholds, **kw: object) -> None:
+        made.append(th)
+        raise RuntimeError("made")  # the verb says it and returns: nothing is watched
+
+    values = {"HEARTBEAT": 3, "SILENT": 13, "STALL": 31, "NO_PROGRESS": 121, "BLOCKED": 9, "BUSY": 61}
+    for name, value in values.items():
+        monkeypatch.setenv(f"SGLANG_PHASETRACE_{name}_S", str(value))
+    monkeypatch.setattr(watch_cli, "Watchdog", watchdog)
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    main(["watch", str(run)])
+    main(["watch", str(run), "--stall-s", "40"])
+    assert made == [Thresholds(3, 13, 31, 121, 9, 61), Thresholds(3, 13, 40, 121, 9, 61)]

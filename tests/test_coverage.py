@@ -357,6 +357,7 @@ def test_rank_identity_is_read_in_every_era(release, releases, monkeypatch):
 
 
 # -- the live row: doctor imports the installed release --------------------------------------------
+@pytest.mark.sglang
 @requires_sglang
 @pytest.mark.parametrize("release", ["installed", *OVERLAYS])
 def test_doctor_prints_this_releases_row_of_the_table(release, computed):

@@ -198,25 +198,39 @@ def test_no_progress_anywhere(tmp_path: Path) -> None:
     assert f.kind == "no_progress" and "tp0 in 'graph.capture'" in f.message and "tp1 in 'attention.init'" in f.message
 
 
-def test_no_progress_with_every_rank_initialised_names_the_launchers_phase(tmp_path: Path) -> None:
+def _launcher_waiting(run: Path, ago: float) -> None:
+    """The launcher's journal (pid 99): in ``server.wait_ready`` since ``ago`` s."""
+    root = "9000000000000001"
+    lines = [
+        records.process(NOW - 300 * S, 99, None, "other", run.name, None, {}),
+        records.identity(NOW - 300 * S, "launcher", "launcher", {}),
+        records.begin(NOW - 300 * S, root, None, "a" * 32, "sglang.launch", {"sglang.phase": "launch.server"}, "M"),
+        records.begin(NOW - int(ago * S), "9" * 16, root, "a" * 32, "x", {"sglang.phase": "server.wait_ready"}, "M"),
+    ]
+    (run / "journal" / "other-99.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+def test_no_progress_with_every_rank_initialised_names_the_launcher_first(tmp_path: Path) -> None:
     """Every rank's own init is done and the launch does not serve: what is left is the launcher's."""
     ranks = [Rank(tmp_path, w, "0,1").phase("model.load_weights", 290, 280) for w in range(2)]
     for rank in ranks:
         rank.records.append(records.event(NOW - 200 * S, rank.root, keys.INITIALISED, {}))
-    launcher = tmp_path / "journal" / "other-99.jsonl"
-    root = "9000000000000001"
-    lines = [
-        records.process(NOW - 300 * S, 99, None, "other", tmp_path.name, None, {}),
-        records.identity(NOW - 300 * S, "launcher", "launcher", {}),
-        records.begin(NOW - 300 * S, root, None, "a" * 32, "sglang.launch", {"sglang.phase": "launch.server"}, "M"),
-        records.begin(
-            NOW - 250 * S, "9000000000000002", root, "a" * 32, "x", {"sglang.phase": "server.wait_ready"}, "M"
-        ),
-    ]
-    launcher.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    _launcher_waiting(tmp_path, 250)
     [f] = findings(tmp_path, *ranks)
-    assert f.kind == "no_progress" and "(initialised: its launch does not serve yet)" in f.message, f.message
-    assert "the launcher (pid 99) is in 'server.wait_ready'" in f.message, f.message
+    assert (f.kind, f.label, f.pid) == ("no_progress", "launcher", 99), f  # the process the launch waits for
+    assert f.message.startswith("no progress for 200 s; the launch waits for the launcher (pid 99) in "), f.message
+    assert "'server.wait_ready'; tp0, tp1 initialised, waiting" in f.message, f.message
+
+
+def test_initialised_ranks_waiting_for_a_launcher_that_progresses_are_not_stuck(tmp_path: Path) -> None:
+    """The pre-flight regression: with dummy weights both ranks are initialised within seconds and
+    then wait, idle, for the launcher's own start (its tokenizer, its server, the warm-up) for longer
+    than the no-progress bound. The launcher moved 10 s ago: nothing is stuck."""
+    ranks = [Rank(tmp_path, w, "0,1").phase("model.load_weights", 290, 280) for w in range(2)]
+    for rank in ranks:
+        rank.records.append(records.event(NOW - 250 * S, rank.root, keys.INITIALISED, {}))
+    _launcher_waiting(tmp_path, 10)
+    assert findings(tmp_path, *ranks) == []
 
 
 def test_ready_ranks_are_never_reported(tmp_path: Path) -> None:

@@ -397,6 +397,7 @@ def test_a_failing_exporter_never_stops_the_journal(trace_run_dir: Path, caplog:
 # -- real SGLang: ranks on a read-only base start anyway, one warning each --------------------------
 
 
+@pytest.mark.sglang
 @requires_sglang
 def test_sglang_ranks_start_on_a_read_only_base_with_one_warning_each(tiny_model, tmp_path: Path) -> None:
     world = 2

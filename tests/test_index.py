@@ -193,10 +193,12 @@ def _spans_edited(path: Path, other: Path) -> None:
     """A span's name changed in the last journal's spans: found only where they are decoded."""
     loaded = index.open_index(path.parent)
     assert loaded is not None
-    entry, _ = loaded.journals[max(loaded.journals)]
-    start = entry.at + entry.sizes[0]
     data = bytearray(path.read_bytes())
-    at = data.index(b"rank.bootstrap", start, start + entry.sizes[1])
+    for name in sorted(loaded.journals, reverse=True):  # the last rank's journal (a detokenizer's has none)
+        entry, _ = loaded.journals[name]
+        start = entry.at + entry.sizes[0]
+        if (at := data.find(b"rank.bootstrap", start, start + entry.sizes[1])) >= 0:
+            break
     data[at : at + 4] = b"RANK"
     del loaded
     path.write_bytes(bytes(data))

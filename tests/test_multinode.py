@@ -445,6 +445,7 @@ def two_nodes(tmp_path: Path, tiny_model: tuple[Path, Path]):
 STALL = {"PLANT_STALL_PHASE_TP_RANK": "1", "PYTHONPATH": os.pathsep.join((str(HOOKS), str(PLANTS)))}
 
 
+@pytest.mark.sglang
 @requires_sglang
 def test_node1_is_ready_on_its_own_and_both_nodes_share_one_trace(two_nodes) -> None:
     receiver = OtlpReceiver("http/protobuf").start()  # a collector both nodes export to, as Jaeger would be
@@ -482,6 +483,7 @@ def _one_trace(nodes: TwoNodes, receiver: OtlpReceiver) -> None:
     assert got[tp1.root.span_id].resource.get("sglang.node_rank") == 1
 
 
+@pytest.mark.sglang
 @requires_sglang
 def test_node0_names_a_rank_stalled_on_node1(two_nodes) -> None:
     nodes = two_nodes(STALL)
@@ -494,6 +496,7 @@ def test_node0_names_a_rank_stalled_on_node1(two_nodes) -> None:
     assert any(d.get("label") == "tp1" for d in launcher0.diagnoses)
 
 
+@pytest.mark.sglang
 @requires_sglang
 def test_one_shared_run_directory_named_by_the_launch(two_nodes) -> None:
     env = {**STALL, keys.ENV_LAUNCH_ID: "rollout-7"}
@@ -509,6 +512,7 @@ def test_one_shared_run_directory_named_by_the_launch(two_nodes) -> None:
     assert "on node-1)" in line and "'attention.init'" in line, line
 
 
+@pytest.mark.sglang
 @requires_sglang
 def test_a_node_alone_says_it_waits_for_the_rendezvous(two_nodes) -> None:
     nodes = two_nodes({"SGLANG_PHASETRACE_STALL_S": "10"}, only=1)  # node 0 never comes
@@ -519,6 +523,7 @@ def test_a_node_alone_says_it_waits_for_the_rendezvous(two_nodes) -> None:
     assert "HINT (not a verdict) distributed rendezvous" in nodes.log(1)
 
 
+@pytest.mark.sglang
 @requires_sglang
 def test_a_two_node_preflight_passes_on_both_nodes(tmp_path: Path, tiny_model: tuple[Path, Path]) -> None:
     """Each node runs ``phasetrace preflight`` with its own --node-rank: node 1 passes when its ranks

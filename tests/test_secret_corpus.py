@@ -694,6 +694,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.sglang
 @requires_sglang
 @pytest.mark.parametrize("mode", ["dist", "engine"])
 def test_no_secret_reaches_the_run_directory_or_the_collector(mode, tiny_model, tmp_path):

@@ -402,7 +402,10 @@ def test_eagle_on_cpu_fails_in_draft_attention_and_the_journal_says_where(tiny_m
 
     launcher = launcher_of(run)
     assert launcher.root.name == "sglang.launch"
-    assert {s.status for s in launcher.spans.values()} == {"open"}  # SIGKILLed by SGLang's own teardown
+    managers = ("tokenizer_manager.init", "template_manager.init")  # its own init, done before the failure
+    assert {s.status for s in launcher.spans.values() if s.phase not in managers} == {
+        "open"
+    }  # SIGKILLed by SGLang's own teardown
     assert {s.phase for s in launcher.spans.values()} >= {"launch.engine", "launch.subprocesses", "launch.wait_ranks"}
     ours = phasetrace_lines(ran.stderr)
     assert any(line.startswith("sglang-phasetrace: FAILED rank tp") and EAGLE_ERROR in line for line in ours), ours

@@ -60,8 +60,10 @@ def _start_early(rt: runtime.Runtime, wait_s: float = 300.0) -> None:
     moment it knows it is a rank, not from its first phase. Its first ``import sglang`` runs while
     ``multiprocessing`` unpickles the process's target; once it runs the target, the target's
     arguments say which rank this is (``tp1``), and tracing starts with that identity in its
-    resource, long before ``Scheduler.__init__``. Other processes (detokenizer, …) are not ranks:
-    they start tracing at their first phase, as before."""
+    resource, long before ``Scheduler.__init__``. Another process of the launch (detokenizer,
+    tokenizer worker, DP controller: ``handover.ROLES``) starts its root ``process`` there, with its
+    role; any other process starts tracing at its first phase."""
+    from . import phases
     from .recorder import handover
 
     deadline = time.monotonic() + wait_s
@@ -72,13 +74,18 @@ def _start_early(rt: runtime.Runtime, wait_s: float = 300.0) -> None:
             time.sleep(0.05)
             continue
         ranks = handover.ranks_of(target, getattr(proc, "_args", ()), getattr(proc, "_kwargs", {}))
-        if ranks is not None:
-            rt.set_identity(role="rank", **ranks)
-            try:
-                start.start()
-            except Exception as exc:  # TracingOff is said once by the runtime; never fails SGLang
-                if not isinstance(exc, runtime.TracingOff):
-                    log.warning("sglang-phasetrace: tracing not started before the first phase: %r", exc)
+        role = handover.role_of(target) if ranks is None else "rank"
+        if role is None:
+            return
+        try:
+            if ranks is None:  # its first phase may have begun meanwhile: the same, once
+                phases.adopt(rt)
+                return
+            rt.set_identity(role=role, **ranks)
+            start.start()
+        except Exception as exc:  # TracingOff is said once by the runtime; never fails SGLang
+            if not isinstance(exc, runtime.TracingOff):
+                log.warning("sglang-phasetrace: tracing not started before the first phase: %r", exc)
         return
 
 

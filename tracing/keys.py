@@ -66,7 +66,12 @@ PHASE_LAUNCH_ENGINE = "launch.engine"
 PHASE_LAUNCH_SERVER = "launch.server"
 PHASE_WAIT_READY = "server.wait_ready"
 PHASE_WARMUP = "server.warmup"  # a rank's forward pass between its own init and serving (the server's warm-up)
-ROOT_PHASES = frozenset({PHASE_RANK, PHASE_LAUNCH_ENGINE, PHASE_LAUNCH_SERVER})
+# The root of every other process a launch starts (detokenizer, tokenizer worker, DP controller …):
+# from its process start; its start is done when it enters its loop (a ``loop`` phase).
+PHASE_PROCESS = "process"
+ROOT_PHASES = frozenset({PHASE_RANK, PHASE_LAUNCH_ENGINE, PHASE_LAUNCH_SERVER, PHASE_PROCESS})
+# Launcher phases that wait for the launch's other processes (their next step is not the launcher's).
+WAITS_FOR_OTHERS = frozenset({"launch.wait_ranks", PHASE_WAIT_READY})
 READY_PHASES = frozenset({PHASE_WAIT_READY})
 
 # Environment (the on/off switch SGLANG_PHASETRACE is read by the stdlib-only boot module).

@@ -22,6 +22,9 @@ reads; ``patches/spec.py`` refuses, at import, a phase that sets any other):
   way the launch then serves: the root says so (``SERVING``) and its ranks are told.
 * ``ready``: when its exit hook reports ``ready``, the launch root ends and the process is ready;
   when the call fails or never saw ready, the launch root ends as an error.
+* ``loop``: no span: a process of the launch that is neither a rank nor the launcher (its root
+  ``process`` started when it was spawned: ``adopt``) enters its loop: its own start is
+  done; it serves when its launch does (like an initialised rank), at once for an ``Engine``.
 * ``collective``: no span: a ``collective`` journal record in and out (``tracing.collectives``),
   until ready; an initialised rank records only those of its warm-up passes (not its scheduler
   loop's, which polls its peers thousands of times a second).
@@ -34,14 +37,16 @@ recorded on the span and propagate unchanged (the wrapper re-raises them).
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import keys, process_state
-from .recorder import collectives, launch, otlp, runtime, serving, spans
+from .recorder import collectives, handover, launch, otlp, runtime, serving, spans
 from .recorder.identity import ranks_from_attrs
 
 log = logging.getLogger("sglang_phasetrace")
@@ -56,6 +61,7 @@ USES: dict[str, frozenset[str]] = {
     "ready": frozenset({"exit"}),
     "warmup": frozenset({"exit"}),
     "collective": frozenset(),  # its enter hook names the group: ``{"group": ...}``
+    "loop": frozenset(),
 }
 LAUNCH_ROOT = "sglang.launch"
 RANK_BOOTSTRAP = "rank.bootstrap"
@@ -101,6 +107,9 @@ def enter(phase: PhaseSpec, call: CallInfo) -> Handle | None:
         rt = runtime.current()
         if phase.kind == "collective":
             return _enter_collective(rt, phase, call, start)
+        if phase.kind == "loop":
+            _enter_loop(rt)
+            return None
         if phase.kind == "warmup" and not serving.warmup_pass(rt):  # not between init and serving
             if rt.ready:
                 rt.count_runtime_call(phase.name, time.perf_counter_ns() - start)
@@ -252,6 +261,49 @@ def _enter_collective(rt: runtime.Runtime, phase: PhaseSpec, call: CallInfo, sta
     return None if entry is None else _Collective(entry)
 
 
+_ADOPT = threading.Lock()
+
+
+def adopt(rt: runtime.Runtime) -> None:
+    """A process of the launch that is neither a rank nor the launcher (the detokenizer, a tokenizer
+    worker …: ``handover.role_of`` its ``multiprocessing`` target) gets its role and its root
+    ``process``, from its process start: as soon as its target is known (``bootstrap``), or at its
+    first phase, whichever comes first (importing SGLang while its target is unpickled takes most of
+    its start). Under ``launch_server`` its start ends when the launch serves, whether or not it was
+    seen entering its loop. Nothing for any other process."""
+    if rt.root is not None or rt.identity.role != "process":
+        return
+    target = getattr(multiprocessing.current_process(), "_target", None)
+    role = handover.role_of(target) if target is not None else None
+    if role is None:
+        return
+    with _ADOPT:
+        if rt.root is not None:
+            return
+        rt.set_identity(role=role)
+        _start_process(rt)
+
+
+def _start_process(rt: runtime.Runtime) -> None:
+    attrs = {keys.PHASE: keys.PHASE_PROCESS, keys.ROLE: rt.identity.role}
+    if spans.start_phase(rt.identity.process_name, attrs, start_ns=rt.boot_ns, root=True, attach=False) is None:
+        return
+    marker = serving.marker_of(rt)
+    if marker is not None:
+        serving.await_launch(rt, marker, lambda since: _ready(rt, end_ns=since), initialised=False)
+
+
+def _enter_loop(rt: runtime.Runtime) -> None:
+    """The process enters its loop (``loop`` kind): its own start is done (``INITIALISED`` on its
+    root); it is ready now, or when its launch serves (``adopt``)."""
+    if rt.ready or rt.initialised or rt.root is None or rt.identity.role in ("rank", "launcher", "process"):
+        return
+    spans.PhaseSpan(rt, rt.root, None).event(keys.INITIALISED)
+    rt.initialised = True
+    if rt.awaiting is None:
+        _ready(rt)
+
+
 def _start(rt: runtime.Runtime, phase: PhaseSpec, attrs: dict[str, Any]) -> spans.PhaseSpan | None:
     """The span of a phase that begins; the process root (and what comes with it) for root kinds."""
     ranks = ranks_from_attrs(attrs)
@@ -265,6 +317,8 @@ def _start(rt: runtime.Runtime, phase: PhaseSpec, attrs: dict[str, Any]) -> span
         return root
     if phase.kind == "launch" and rt.root is None:
         return _launch_root(rt, attrs, attach=True)
+    if rt.root is None and os.environ.get(keys.ENV_LAUNCHER):  # spawned by a traced launcher
+        adopt(rt)
     if ranks:
         rt.set_identity(**ranks)
     return spans.start_phase(phase.name, attrs, attach=phase.kind != "generator")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -68,7 +69,13 @@ example:  phasetrace watch phasetrace-runs/20261129-101500-ab12cd --stall-s 60
     def run(self, args: argparse.Namespace) -> int:
         run_dir = check_run_dir(args.run_dir, journal=False)  # a launch about to start may not have one yet
         refuse_unsafe(run_dir)
-        th = Thresholds(args.interval, args.silent_s, args.stall_s, args.no_progress_s)
+        th = dataclasses.replace(  # the environment's thresholds (blocked, busy …), the flags over them
+            Thresholds.from_env(),
+            heartbeat_s=args.interval,
+            silent_s=args.silent_s,
+            stall_s=args.stall_s,
+            no_progress_s=args.no_progress_s,
+        )
         writer = open_journal(run_dir)
         dog = Watchdog(run_dir, th, out=sys.stderr, record=writer.write if writer else None, py_spy=not args.no_py_spy)
         deadline = time.monotonic() + args.timeout if args.timeout else None

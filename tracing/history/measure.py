@@ -166,6 +166,8 @@ def _outcome(procs: list[ProcessRec]) -> tuple[str, int | None]:
         if not ranks and ready_at:
             return "ready", max(ready_at)
     kinds = {d.get("finding") for p in procs for d in p.diagnoses}
+    if "stopped" in kinds:
+        return "interrupted", None
     if kinds - {"busy", "slow", "unusual", "died", "failed", None}:
         return "stalled", None
     errors = [p.root.error for p in procs if p.root is not None and p.root.status == "error"]

@@ -202,6 +202,19 @@ class ProcessRec:
         return f"pid {self.pid}" if node is None else f"pid {self.pid} on node-{node}"
 
     @property
+    def title(self) -> str:
+        """How a verdict begins on it: ``rank tp1``, ``the launcher``, ``detokenizer``, ``tokenizer-2``."""
+        if self.role == "rank":
+            return f"rank {self.label}"
+        return "the launcher" if self.role == "launcher" else self.label
+
+    @property
+    def helper(self) -> bool:
+        """A process of the launch that is neither a rank nor the launcher (detokenizer, tokenizer
+        worker, DP controller …: a role it was given when spawned)."""
+        return self.role not in ("rank", "launcher", "process", "watchdog")
+
+    @property
     def last_heartbeat(self) -> dict[str, Any] | None:
         return self.heartbeats[-1] if self.heartbeats else None
 
@@ -213,6 +226,19 @@ class ProcessRec:
             for k in (keys.DP_RANK, keys.PP_RANK, keys.TP_RANK, keys.WORLD_RANK)
         )
         return (order, self.node or 0, ranks, self.host, self.pid)
+
+
+def _number(procs: list[ProcessRec]) -> None:
+    """Several processes of one role on a node (``--tokenizer-worker-num 2``) are told apart by the
+    order they started in: ``tokenizer-1``, ``tokenizer-2``."""
+    by_role: dict[tuple[str, int | None], list[ProcessRec]] = {}
+    for p in procs:
+        if p.helper:
+            by_role.setdefault((p.role, p.node), []).append(p)
+    for (role, node), same in by_role.items():
+        if len(same) > 1:
+            for i, p in enumerate(sorted(same, key=lambda p: (p.boot_t or 0, p.pid)), 1):
+                p.label = f"{role}-{i}" if node is None else f"{role}-{i}-node{node}"
 
 
 def _progress(heartbeat: dict[str, Any]) -> list:
@@ -313,6 +339,7 @@ class RunView:
         directory: the report's times are on our clock); any other journal, this node's own above
         all, is judged from the journal, and the report's copy is left out (as is a second report)."""
         local = [p for _, p in self._tails.values() if p.pid and p.shown]
+        _number(local)
         if not self.remote:
             return sorted(local, key=ProcessRec.sort_key)
         journals = {(p.host, p.pid): p for p in local}
@@ -458,6 +485,8 @@ def where_detail(proc: ProcessRec, span: SpanRec) -> str:
     if isinstance(mode, str):
         return f" (forward {mode}" + (f", bs {size})" if type(size) is int else ")")
     if span is proc.root and proc.initialised:
+        if proc.helper:
+            return " (in its loop: its launch does not serve yet)"
         return " (initialised: its launch does not serve yet)"
     return ""
 

@@ -28,7 +28,7 @@ IDENTITY_KEYS = frozenset(
 class Identity:
     pid: int = field(default_factory=os.getpid)
     host: str = field(default_factory=socket.gethostname)
-    role: str = "process"  # "launcher" | "rank" | "process"
+    role: str = "process"  # "launcher" | "rank" | a helper's (``handover.ROLES``) | "process" (unknown)
     ranks: dict[str, int] = field(default_factory=dict)
 
     def update(self, role: str | None = None, **ranks: Any) -> bool:
@@ -45,9 +45,9 @@ class Identity:
     @property
     def label(self) -> str:
         """``tp1``, ``tp0-pp1``, ``tp0-dp1``, ``rank3`` (world rank only), ``launcher``,
-        ``launcher-node1`` (another node's), ``pid4242``."""
-        if self.role == "launcher":  # one per node: the first node's is "launcher"
-            return f"launcher-node{self.ranks['node']}" if self.ranks.get("node") else "launcher"
+        ``launcher-node1`` (another node's), ``detokenizer``, ``pid4242``."""
+        if self.role not in ("rank", "process"):  # one per node (readers number several: tokenizer-2)
+            return f"{self.role}-node{self.ranks['node']}" if self.ranks.get("node") else self.role
         r = self.ranks
         if "tp" in r:
             parts = [f"tp{r['tp']}"]
@@ -56,6 +56,11 @@ class Identity:
         if "world" in r:
             return f"rank{r['world']}"
         return f"pid{self.pid}"
+
+    @property
+    def process_name(self) -> str:
+        """Another process's root span name: ``detokenizer @ node3:4242``."""
+        return f"{self.label} @ {self.host}:{self.pid}"
 
     @property
     def rank_name(self) -> str:

@@ -87,14 +87,19 @@ def announce(rt: runtime.Runtime, t: int) -> None:
     threading.Thread(target=write, name="phasetrace-serving", daemon=True).start()
 
 
-def await_launch(rt: runtime.Runtime, marker: Path, serve: Callable[[int | None], None]) -> None:
-    """A rank is initialised and serves when its launch does (``check``); its init spans go out now.
-    A rank that exits before its next look (a launch stopped right after it served) looks once more
-    at exit, before ``lifecycle`` ends what is still open as incomplete (atexit runs it after this)."""
+def await_launch(
+    rt: runtime.Runtime, marker: Path, serve: Callable[[int | None], None], initialised: bool = True
+) -> None:
+    """A rank is initialised and serves when its launch does (``check``); its init spans go out now
+    (``initialised=False``: another process of the launch, from its start). A process that exits
+    before its next look (a launch stopped right after it served) looks once more at exit, before
+    ``lifecycle`` ends what is still open as incomplete (atexit runs it after this)."""
     with rt.lock:
-        rt.initialised, rt.awaiting = True, Awaiting(marker, serve)
+        rt.awaiting = Awaiting(marker, serve)
+        rt.initialised = rt.initialised or initialised
     atexit.register(_look_at_exit)
-    otlp.flush_async(rt.provider)
+    if initialised:
+        otlp.flush_async(rt.provider)
     check(rt)
 
 

@@ -16,6 +16,7 @@ from .units import duration
 STATE = {
     "died": "died",
     "failed": "failed",
+    "stopped": "stopped",
     "not_started": "not started",
     "busy": "busy",
     "slow": "slow",
@@ -55,7 +56,7 @@ def headline(lay: Layout, found: list[Finding]) -> tuple[str, str]:
     if verdicts:
         f = verdicts[0]
         more = f" (+{len(verdicts) - 1} more)" if len(verdicts) > 1 else ""
-        return ("failed" if f.kind in ("died", "failed") else "stalled"), line(f) + more
+        return ("failed" if f.kind in ("died", "failed", "stopped") else "stalled"), line(f) + more
     failed = [lane for lane in ranks if lane.state in ("failed", "incomplete")]
     if failed:
         lane = failed[0]

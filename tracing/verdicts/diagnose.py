@@ -103,7 +103,8 @@ class Thresholds:
 
 NOTICES = ("busy", "slow", "unusual")  # kinds that are not alarms (``unusual``: ``verdicts.usual``)
 PREFIX = "sglang-phasetrace:"  # every verdict line a user sees, wherever the watchdog runs
-VERDICT = {"died": "DIED", "failed": "FAILED", "not_started": "NOT STARTED"}  # a finding's kind -> its word; else STALL
+# a finding's kind -> its word; else STALL
+VERDICT = {"died": "DIED", "failed": "FAILED", "not_started": "NOT STARTED", "stopped": "STOPPED"}
 
 
 @dataclass
@@ -223,6 +224,38 @@ def _initialising(proc: ProcessRec) -> bool:
     return root.status == "open" if root is not None else bool(proc.open_spans)
 
 
+def starting(proc: ProcessRec) -> bool:
+    """A launcher or a helper whose own start is not done: its root open and, for a helper, not in its loop."""
+    return (proc.role == "launcher" or proc.helper) and _initialising(proc) and not proc.initialised
+
+
+def awaited(run: RunView, now: int) -> ProcessRec | None:
+    """The process whose next step the launch waits for, once its ranks have none left: a helper not
+    in its loop yet (the one idle longest), else the launcher in a phase of its own (not one that
+    waits for the others: ``keys.WAITS_FOR_OTHERS``), else the launcher."""
+    procs = [p for p in run.processes if starting(p) and os_state(p) not in ("exited", "zombie")]
+    helpers = sorted((p for p in procs if p.helper), key=lambda p: p.last_progress_t)
+    launchers = [p for p in procs if p.role == "launcher"]
+    own = [p for p in launchers if (c := p.current) is not None and c.phase not in keys.WAITS_FOR_OTHERS]
+    return next(iter(helpers or own or launchers), None)
+
+
+def waits_for(target: ProcessRec, quiet: float, now: int, read: Read | None, tail: str = "") -> Finding:
+    """The catch-all, naming the process whose next step the launch waits for and what it waits on."""
+    ev = read(target) if read is not None else None
+    more = f", which {said(ev)}" if said(ev) else ""
+    phase, where, _ = _where(target, now)
+    return Finding(
+        "no_progress",
+        target.label,
+        target.pid,
+        phase,
+        quiet,
+        f"no progress for {quiet:.0f} s; the launch waits for {target.title} ({target.who}) {where}{more}{tail}",
+        pids=[target.pid],
+    ).keep({target.label: ev} if ev is not None else {})
+
+
 def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -236,10 +269,13 @@ class Doing:
     text: str  # the figures, e.g. "0 % CPU, sleeping; no GPU figures"
 
 
-def doing(beats: list[dict[str, Any]], since_t: int, now: int, th: Thresholds, in_collective: bool) -> Doing:
+def doing(
+    beats: list[dict[str, Any]], since_t: int, now: int, th: Thresholds, in_collective: bool, children: bool = True
+) -> Doing:
     """Blocked when every recent heartbeat since ``since_t`` (at least two, the last fresh) shows no
-    work: under 25 % of a core, no I/O, no major faults, no child at work, the GPU idle (ignored
-    while the rank itself waits in a collective: NCCL spins). Busy when any shows work."""
+    work: under 25 % of a core, no I/O, no major faults, no child at work (``children=False``: its
+    children are the launch's ranks, judged on their own), the GPU idle (ignored while the rank
+    itself waits in a collective: NCCL spins). Busy when any shows work."""
     tol = th.heartbeat_s / 4 * NS
     window = [
         b
@@ -266,7 +302,7 @@ def doing(beats: list[dict[str, Any]], since_t: int, now: int, th: Thresholds, i
         busy.append("cpu")
     if io >= IO_BUSY_BPS or faults >= MAJFLT_BUSY:
         busy.append("io")
-    if child >= CPU_BUSY_PCT:
+    if child >= CPU_BUSY_PCT and children:
         busy.append("child")
     util = max((_num(g.get("util")) or 0.0 for g in gpu), default=None)
     if util is not None and util >= GPU_BUSY_PCT and not in_collective:
@@ -381,14 +417,16 @@ def analyze(
     # a busy or progressing rank is not "nothing moved"; ranks waiting at the rendezvous are said so
     if len(stalled) == len(active) and not any(f.kind in EXPLAINED for f in findings):
         quiet = min((now_ns - p.last_progress_t) / NS for p in active)
-        if quiet >= th.no_progress_s:
+        target = awaited(run, now_ns) if all(p.initialised and p.current is p.root for p in active) else None
+        if quiet >= th.no_progress_s and target is not None:  # what is left is another process's step
+            others = [p for p in run.processes if starting(p)]
+            quiet = min([quiet, *((now_ns - p.last_progress_t) / NS for p in others)])
+        if quiet >= th.no_progress_s and target is not None:
+            f = waits_for(target, quiet, now_ns, read, f"; {', '.join(p.label for p in active)} initialised, waiting")
+            f.pids += [p.pid for p in active]
+            findings.append(f)
+        elif quiet >= th.no_progress_s:
             places = "; ".join(f"{p.label} {_where(p, now_ns)[1]}" for p in active)
-            if all(p.initialised and p.current is p.root for p in active):  # what is left is the launcher's
-                places += "".join(
-                    f"; the launcher (pid {lp.pid}) is {_where(lp, now_ns)[1]}"
-                    for lp in run.processes
-                    if lp.role == "launcher" and lp.current is not None
-                )
             clause, found = evidence_clause(active, read)
             first = active[0]
             findings.append(
@@ -565,7 +603,8 @@ def _waited_on(
     return None
 
 
-EXPLAINED = ("straggler", "divergence", "busy", "slow", "rendezvous", "waits_on")  # no "no progress" beside these
+# no "no progress" beside these
+EXPLAINED = ("straggler", "divergence", "busy", "slow", "rendezvous", "waits_on", "blocked")
 
 
 def _still(ev: Evidence, th: Thresholds) -> bool:
@@ -661,7 +700,7 @@ def _silent(
         p.pid,
         phase,
         age,
-        f"rank {p.label} ({p.who}) is silent: no heartbeat for {age:.0f} s ({cause}), {where}{since}{more}{detail}",
+        f"{p.title} ({p.who}) is silent: no heartbeat for {age:.0f} s ({cause}), {where}{since}{more}{detail}",
         waiting=_texts(waiting, now),
         pids=[p.pid],
         doing=f"silent ({cause})",

@@ -9,12 +9,12 @@ from typing import Any
 
 from .. import procs
 from ..reader.run import ProcessRec, RunView
-from . import evidence, postmortem, usual
+from . import evidence, launch_waits, postmortem, usual
 from .diagnose import VERDICT, Finding, Read, Thresholds, analyze, said
 from .not_started import not_started
 
 NS = 1_000_000_000
-ENDED = ("died", "failed")  # kinds that do not un-happen
+ENDED = ("died", "failed", "stopped")  # kinds that do not un-happen
 
 
 def from_record(record: dict[str, Any]) -> Finding:
@@ -67,12 +67,16 @@ def running(proc: ProcessRec) -> bool:
 
 
 def gone_ranks(run: RunView) -> dict[int, procs.Ended | None]:
-    """Rank processes of this host that are no longer running though not ready (how they ended is
-    known only to their parent: None), for ``postmortem``. Ranks of other hosts: never guessed."""
+    """Rank and helper processes of this host that are no longer running though not ready (how they
+    ended is known only to their parent: None), for ``postmortem``. Those of other hosts: never guessed."""
     return {
         p.pid: None
-        for p in run.ranks
-        if not p.ready and p.exit is None and p.host == procs.this_host() and not running(p)
+        for p in run.processes
+        if (p.role == "rank" or p.helper)
+        and not p.ready
+        and p.exit is None
+        and p.host == procs.this_host()
+        and not running(p)
     }
 
 
@@ -110,15 +114,19 @@ def live(
         ends = postmortem.endings(run, gone or {})
     ended_at = {e.proc.pid: e.t for e in ends}
     out: list[tuple[Finding, int]] = []
+    ranks = analyze(run, now_ns, th, notices=notices, read=read)
+    explained = any(f.alarm and f.kind != "no_progress" for f in ranks)
+    others = launch_waits.analyze(run, now_ns, th, read, explained)  # first: a rank verdict naming one is its copy
     for found, when in (
         (postmortem.findings(run, gone or {}, ends), ended_at),
         (not_started(run, now_ns, th.stall_s, th.no_progress_s), {}),
-        (analyze(run, now_ns, th, notices=notices, read=read), {}),
+        (others, {}),
+        (ranks, {}),
     ):
         for f in found:
             if (f.pid and f.pid in named) or (f.label and f.label in named):
                 continue
-            named.update(x for x in (f.pid, f.label, *f.evidence) if x)
+            named.update(x for x in (f.pid, f.label, *f.evidence, *(f.pids if f.kind == "stopped" else ())) if x)
             if f.kind == "not_started":
                 _waits_on(run, f, read)
             out.append((f, when.get(f.pid, now_ns - int(f.since_s * NS))))
@@ -194,11 +202,14 @@ def by_process(run: RunView, found: list[Finding]) -> dict[int, Finding]:
     """pid -> the finding that names it (the first); one that names ranks together (they wait on one
     cause) names each of them."""
     out: dict[int, Finding] = {}
-    by_label = {p.label: p for p in run.processes if p.role == "rank"}
+    by_label = {p.label: p for p in run.processes}
     for finding in found:
         proc = process_of(run, finding)
         if proc is not None:
             out.setdefault(proc.pid, finding)
+        if finding.kind == "stopped":  # every process the stop ended
+            for pid in finding.pids:
+                out.setdefault(pid, finding)
         if finding.kind == "waits_on":
             for label in finding.evidence:
                 if label in by_label:

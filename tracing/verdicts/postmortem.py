@@ -1,4 +1,6 @@
-"""Ranks that ended during init: who died or failed first (the root cause), and who followed.
+"""Ranks (and the launch's other processes) that ended during init: who died or failed first (the
+root cause), and who followed — or, when they ended together by one signal, that the launch was
+stopped from outside (Ctrl-C, systemd, Slurm, Kubernetes): one ``stopped`` finding, no root cause.
 
 A rank process that is gone before it was ready, or whose rank root ended with an error, is a
 finding. The first one in time is the root cause; a rank that failed after it is labelled a
@@ -28,6 +30,7 @@ class Ending:
     phase: str | None
     in_phase_s: float | None
     failed: bool  # ended with an error of its own (vs. died)
+    signal: str | None = None  # the signal that ended it, where known ("SIGTERM")
 
 
 def _innermost_at(proc: ProcessRec, t: int) -> tuple[str | None, float | None]:
@@ -54,9 +57,10 @@ def endings(run: RunView, gone: dict[int, procs.Ended | None]) -> list[Ending]:
     for rank processes no longer running."""
     out = []
     torn = _torn_down(run)
+    served = any(p.role == "launcher" and p.serving for p in run.processes)
     for proc in run.processes:
-        if proc.role != "rank" or proc.ready:
-            continue
+        if not (proc.role == "rank" or proc.helper) or proc.ready or (proc.helper and served):
+            continue  # a helper of a launch that serves ended with it (its loop may not be traced)
         root = proc.root
         recorded = proc.exit  # an ``exit`` record someone wrote for it
         if root is not None and root.status == "error":
@@ -72,15 +76,13 @@ def endings(run: RunView, gone: dict[int, procs.Ended | None]) -> list[Ending]:
                 phase, seconds, text = _error_phase(proc)
                 out.append(Ending(proc, max(raised), f"failed: {text}", phase, seconds, True))
                 continue
-            if ended is not None:
-                how = ended.describe()
-            elif recorded is not None:
-                how = procs.Ended(proc.pid, recorded.get("code"), _signum(recorded.get("signal"))).describe()
-            else:
-                how = "is gone (exit status not visible from this process)"
+            if ended is None and recorded is not None:
+                ended = procs.Ended(proc.pid, recorded.get("code"), _signum(recorded.get("signal")))
+            how = ended.describe() if ended is not None else "is gone (exit status not visible from this process)"
             t = max(proc.last_t, torn.get((proc.host, proc.pid), 0))  # running as the teardown began: ended in it
             phase, seconds = _innermost_at(proc, t)
-            out.append(Ending(proc, t, how, phase, seconds, False))
+            sig = ended.signal_name if ended is not None and ended.signal is not None else None
+            out.append(Ending(proc, t, how, phase, seconds, False, sig))
     return sorted(out, key=lambda e: e.t)
 
 
@@ -131,7 +133,7 @@ def describe(ending: Ending, root: Ending | None) -> str:
     where = f" in '{ending.phase}'" if ending.phase else " before its first phase"
     after = f" after {ending.in_phase_s:.0f} s" if ending.in_phase_s is not None else ""
     verb = "" if how.startswith(("failed", "is gone")) else "was "
-    text = f"rank {p.label} ({p.who}) {verb}{how}{where}{after}"
+    text = f"{p.title} ({p.who}) {verb}{how}{where}{after}"
     if root is not None and root is not ending:
         text += (
             f" — a consequence of {root.proc.label}'s {'failure' if root.failed else 'death'} "
@@ -140,11 +142,59 @@ def describe(ending: Ending, root: Ending | None) -> str:
     return text
 
 
+# Endings this close to the first, by its signal, are one stop: a process's last record (a
+# heartbeat) is up to one interval before its end.
+STOP_WINDOW_S = 2 * keys.HEARTBEAT_S + 1.0
+
+
+def stopped(run: RunView, ends: list[Ending]) -> list[Ending] | None:
+    """The endings that are one stop from outside: at least two processes ended within
+    ``STOP_WINDOW_S`` of the first ending, none with an error of its own, each by one signal or
+    where how is not known (a process its parent reaped before the watchdog asked), and SGLang did
+    not tear the launch down (its teardown SIGKILLs the survivors of a failure: consequences).
+    None otherwise."""
+    if len(ends) < 2 or _torn_down(run):
+        return None
+    together = [e for e in ends if (e.t - ends[0].t) / NS <= STOP_WINDOW_S]
+    signals = {e.signal for e in together if e.signal is not None}
+    if (
+        len(together) < 2
+        or len(signals) != 1
+        or any(e.failed or (e.signal is None and "gone" not in e.how) for e in together)
+    ):
+        return None
+    return together
+
+
+def stop_text(stop: list[Ending]) -> str:
+    """``by SIGTERM from outside the launch: tp0, tp1, detokenizer ended by it together (tp0 was in
+    'rank' after 199 s)``: the line after ``STOPPED``."""
+    first, [signal] = stop[0], {e.signal for e in stop if e.signal is not None}
+    where = f" in '{first.phase}'" if first.phase else " before its first phase"
+    after = f" after {first.in_phase_s:.0f} s" if first.in_phase_s is not None else ""
+    labels = ", ".join(e.proc.label for e in stop)
+    was = f"{first.proc.label} was{where}{after}"
+    return f"by {signal} from outside the launch: {labels} ended by it together ({was})"
+
+
 def findings(run: RunView, gone: dict[int, procs.Ended | None], ends: list[Ending] | None = None) -> list[Finding]:
     """One finding per rank that ended during init (kind ``died`` or ``failed``), root cause first
-    (``ends``: ``endings(run, gone)``, when the caller has them already)."""
+    (``ends``: ``endings(run, gone)``, when the caller has them already); one ``stopped`` finding
+    for the processes a signal from outside ended together."""
     ends = endings(run, gone) if ends is None else ends
-    root = ends[0] if ends else None
+    stop = stopped(run, ends)
+    if stop is not None:
+        first = stop[0]
+        found = Finding(
+            "stopped", "launch", first.proc.pid, None, first.in_phase_s or 0.0, stop_text(stop),
+            pids=[e.proc.pid for e in stop],
+        )  # fmt: skip
+        rest = [e for e in ends if e not in stop]
+        return [found, *_each(rest, None)]
+    return _each(ends, ends[0] if ends else None)
+
+
+def _each(ends: list[Ending], root: Ending | None) -> list[Finding]:
     return [
         Finding(
             "failed" if e.failed else "died",
@@ -162,7 +212,7 @@ def findings(run: RunView, gone: dict[int, procs.Ended | None], ends: list[Endin
 def root_cause_line(run: RunView, gone: dict[int, procs.Ended | None]) -> str | None:
     """The post-mortem: the first failure, named as the root cause, and how many followed."""
     ends = endings(run, gone)
-    if not ends:
+    if not ends or stopped(run, ends) is not None:  # a stop from outside has no root cause inside
         return None
     text = f"ROOT CAUSE {describe(ends[0], None)}"
     if len(ends) > 1:

@@ -38,6 +38,7 @@ from .findings import live
 
 log = logging.getLogger("sglang_phasetrace")
 MAX_STACKS = 8
+STOP_LOOK_S = 0.5  # after a death is seen, when the pass looks again for the rest of a stop
 EXIT_WAIT_S = 1.0  # the longest an exiting launcher waits for its start to be recorded (``history.keeper``)
 
 
@@ -118,8 +119,13 @@ class Watchdog:
             if self.when_ranks_ready is not None and len(local) >= self.expect_ranks and all(p.ready for p in local):
                 done, self.when_ranks_ready = self.when_ranks_ready, None
                 done()
-            self._look_for_exits()
             th = self.thresholds
+            if self._look_for_exits() and not self.quick:
+                # a death just seen: a stop from outside signals the launch's processes together, and the
+                # others are gone a moment later; look again then, so a stop is said once (STOPPED)
+                time.sleep(STOP_LOOK_S)
+                self.run.refresh()
+                self._look_for_exits()
             findings = [f for f, _ in live(self.run, now_ns, th, self.gone, notices=True, read=self.waits)]
             if self.crossnode is not None and self.node:  # node 0 judges this node's suspects from its snapshot
                 for proc in suspects(self.run, now_ns, th):
@@ -128,8 +134,9 @@ class Watchdog:
             new = [
                 f
                 for f in findings
-                if f.key not in self.first_seen and not (f.kind == "not_started" and f.pid in self.named)
-            ]  # named already as stalled
+                if f.key not in self.first_seen
+                and not (f.kind == "not_started" and f.pid in self.named)  # named already as stalled
+            ]
             for finding in new:
                 self.first_seen[finding.key] = time.monotonic()
                 self.named.add(finding.pid)
@@ -139,9 +146,13 @@ class Watchdog:
             self._maybe_abort(findings)
             return new
 
-    def _look_for_exits(self) -> None:
-        """Rank processes of this host that ended before they were ready; how, where we can tell."""
-        for proc in self.run.ranks:
+    def _look_for_exits(self) -> bool:
+        """Rank and helper processes of this host that ended before they were ready; how, where we can
+        tell. Returns whether one was found."""
+        found = False
+        for proc in self.run.processes:
+            if proc.role != "rank" and not proc.helper:
+                continue
             if proc.pid in self.gone or proc.ready or proc.remote is not None or proc.exit is not None:
                 continue
             if proc.host != procs.this_host():
@@ -149,17 +160,18 @@ class Watchdog:
             if procs.alive(proc.pid) and (proc.start_ticks is None or running(proc)):
                 continue
             ended = procs.child_ended(proc.pid)  # the launcher is the ranks' parent
-            self.gone[proc.pid] = ended
+            self.gone[proc.pid], found = ended, True
             if ended is not None and self.record is not None:
                 self.record(
                     records.exit(time.time_ns(), proc.pid, proc.host, proc.label, ended.code, ended.signal_name)
                 )
+        return found
 
     def act(self, finding: Finding) -> None:
         finding.message = redact_text(finding.message)
         procs_by_pid = {p.pid: p for p in self.run.processes}
         involved = [procs_by_pid[pid] for pid in dict.fromkeys(finding.pids) if pid in procs_by_pid][:MAX_STACKS]
-        if finding.alarm and finding.kind not in ("died", "failed"):
+        if finding.alarm and finding.kind not in ("died", "failed", "stopped"):
             finding.stacks = [] if self.quick else self.take_stacks(involved, finding)
             self._native_frame(finding, involved)
         word = VERDICT.get(finding.kind, "STALL") if finding.alarm else "NOTICE"
@@ -396,7 +408,7 @@ def keep_at_exit() -> None:
 
 def launcher_last_words() -> list[int]:
     """Called as SGLang starts tearing the launch down (``tracing.phases``): name who ended first.
-    Returns the pids of this host's ranks still running then (they end in the teardown)."""
+    Returns the pids of this host's ranks and helpers still running then (they end in the teardown)."""
     dog = process_state.STATE.launcher_watchdog
     if dog is None or dog.stop.is_set():
         return []
@@ -410,7 +422,11 @@ def launcher_last_words() -> list[int]:
             previous = signal.signal(signal.SIGQUIT, signal.SIG_IGN)
     try:
         dog.last_words()
-        return [p.pid for p in dog.run.ranks if not p.ready and p.pid not in dog.gone and running(p)]
+        return [
+            p.pid
+            for p in dog.run.processes
+            if (p.role == "rank" or p.helper) and not p.ready and p.pid not in dog.gone and running(p)
+        ]
     except Exception as exc:
         log.debug("sglang-phasetrace: last words failed: %r", exc)
         return []

@@ -155,6 +155,8 @@ def read(
         proc.unread.append("file locks: /proc/locks is not readable")
     found_locks = _guard(proc, "file locks", lambda: locks_mod.waited_for(proc, main, table, launch), [])
     children = _guard(proc, "children", lambda: children_mod.children(pid, t_ns / NS, window_s, previous), [])
+    if launch:  # the launcher's ranks and helpers are its children: what they do is judged on its own
+        children = [c for c in children if c.pid not in launch]
     sockets, sockets_from = _guard(
         proc, "sockets", lambda: sockets_mod.waited_on(proc, main, rendezvous, tcp), ([], None)
     )
