@@ -271,14 +271,14 @@ def adopt(rt: runtime.Runtime) -> None:
     first phase, whichever comes first (importing SGLang while its target is unpickled takes most of
     its start). Under ``launch_server`` its start ends when the launch serves, whether or not it was
     seen entering its loop. Nothing for any other process."""
-    if rt.root is not None or rt.identity.role != "process":
+    if rt.root is not None:
         return
     target = getattr(multiprocessing.current_process(), "_target", None)
     role = handover.role_of(target) if target is not None else None
     if role is None:
         return
-    with _ADOPT:
-        if rt.root is not None:
+    with _ADOPT:  # the other caller may be starting the root now: its phases wait for it, then hang under it
+        if rt.root is not None or rt.identity.role not in ("process", role):
             return
         rt.set_identity(role=role)
         _start_process(rt)
