@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from bench_launch_processes import silent_peer  # a loopback TCP peer that accepts and never answers
 from conftest import HOOKS, ROOT, free_port, hook_env, kill_group, requires_sglang
-from sglang_phasetrace.tracing import keys
+from handmade_runs import NOW, Proc
 from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.reader.load import load_run
 from sglang_phasetrace.tracing.reader.run import RunView
@@ -266,50 +266,6 @@ def test_a_launch_sigtermed_as_a_group_is_said_once_as_stopped(launch) -> None:
 
 
 # -- the rules, on hand-written runs (processes of another host: ``read`` is the test's) ----------------------
-
-NOW = 1_900_000_000 * S
-
-
-class Proc:
-    """One process's journal, written by hand: its root from ``start`` s ago, phases, idle heartbeats."""
-
-    def __init__(self, run: Path, pid: int, role: str, label: str, root: str, start: float = 300) -> None:
-        self.run, self.pid, self.label = run, pid, label
-        self.root = f"{pid:016x}"
-        self.n = 0
-        t = NOW - int(start * S)
-        self.records = [
-            records.process(t, pid, None, "other", run.name, t, {}),
-            records.identity(t, label, role, {"sglang.tp_rank": int(label[2:])} if role == "rank" else {}),
-            records.begin(t, self.root, None, "a" * 32, f"{label} @ other:{pid}", {"sglang.phase": root}, "M"),
-        ]
-
-    def phase(self, name: str, begin_ago: float, end_ago: float | None = None) -> Proc:
-        self.n += 1
-        span = f"{self.pid:012x}{self.n:04x}"
-        attrs = {"sglang.phase": name}
-        self.records.append(records.begin(NOW - int(begin_ago * S), span, self.root, "a" * 32, name, attrs, "M"))
-        if end_ago is not None:
-            self.records.append(records.end(NOW - int(end_ago * S), span, "ok", {}))
-        return self
-
-    def initialised(self, ago: float) -> Proc:
-        self.records.append(records.event(NOW - int(ago * S), self.root, keys.INITIALISED, {}))
-        return self
-
-    def idle(self, seconds: float = 12) -> Proc:
-        """Heartbeats every 2 s for ``seconds`` up to now: asleep, no CPU."""
-        for i in range(int(seconds // 2) + 1):
-            t = NOW - int((seconds - 2 * i) * S)
-            main = {"state": "S", "cpu_s": 0.0}
-            beat = records.heartbeat(t, i, self.pid, self.label, False, 2.0, [], 0.0, 1, 1, dt_s=2.0, main=main)
-            self.records.append(beat)
-        return self
-
-    def write(self) -> None:
-        path = self.run / "journal" / f"other-{self.pid}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(r) + "\n" for r in sorted(self.records, key=lambda r: r["t"])))
 
 
 def _tcp(pid: int, unix: bool = False, state: str = "ESTABLISHED") -> Evidence:

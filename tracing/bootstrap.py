@@ -12,9 +12,9 @@ import multiprocessing
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from . import keys
+from . import keys, phases
 from .recorder import runtime, start
 
 log = logging.getLogger("sglang_phasetrace")
@@ -46,6 +46,7 @@ def activate(boot_ns: int | None = None) -> None:
     if skip:
         patches.PHASES = tuple(p for p in patches.PHASES if p.name not in skip)
     engine = patches.install(warn=rt.warn)
+    phases.LAUNCHER_SIDE = _launcher_side
     launcher = os.environ.get(keys.ENV_LAUNCHER)
     if launcher and launcher != str(os.getpid()):  # a process a traced launcher started
         threading.Thread(target=_start_early, args=(rt,), name="phasetrace-start", daemon=True).start()
@@ -53,6 +54,13 @@ def activate(boot_ns: int | None = None) -> None:
     # module for copies runs on a thread, off the ready path.
     rt.on_ready.append(lambda: engine.unapply(lambda phase: phase.init_only, wait=False))
     rt.on_ready.append(lambda: _report_missing(rt, engine))
+
+
+def _launcher_side() -> Any:
+    """``tracing.launcher.lifecycle``, imported by the process that becomes the launcher only."""
+    from .launcher import lifecycle
+
+    return lifecycle
 
 
 def _start_early(rt: runtime.Runtime, wait_s: float = 300.0) -> None:
@@ -63,7 +71,6 @@ def _start_early(rt: runtime.Runtime, wait_s: float = 300.0) -> None:
     resource, long before ``Scheduler.__init__``. Another process of the launch (detokenizer,
     tokenizer worker, DP controller: ``handover.ROLES``) starts its root ``process`` there, with its
     role; any other process starts tracing at its first phase."""
-    from . import phases
     from .recorder import handover
 
     deadline = time.monotonic() + wait_s

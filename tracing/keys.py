@@ -77,6 +77,7 @@ READY_PHASES = frozenset({PHASE_WAIT_READY})
 # Environment (the on/off switch SGLANG_PHASETRACE is read by the stdlib-only boot module).
 ENV_BASE_DIR = "SGLANG_PHASETRACE_DIR"
 ENV_RUN_DIR = "SGLANG_PHASETRACE_RUN_DIR"
+ENV_HTTP = "SGLANG_PHASETRACE_HTTP"  # the launcher's start-up endpoint: HOST:PORT (``launcher.endpoint``)
 ENV_DISABLE_PATCHES = "SGLANG_PHASETRACE_SKIP"  # comma list of phase names not to patch
 ENV_SECONDS = "SGLANG_PHASETRACE_{}_S"  # HEARTBEAT, SILENT, STALL, NO_PROGRESS
 HEARTBEAT_S = 2.0  # the heartbeat interval's default

@@ -64,6 +64,9 @@ USES: dict[str, frozenset[str]] = {
     "loop": frozenset(),
 }
 LAUNCH_ROOT = "sglang.launch"
+# The launcher's side (``tracing.launcher.lifecycle``), loaded in a process once it becomes a launcher:
+# ``bootstrap`` sets it; this module never imports it, so a rank loads no reader or verdict code.
+LAUNCHER_SIDE: Callable[[], Any] | None = None
 RANK_BOOTSTRAP = "rank.bootstrap"
 
 
@@ -123,10 +126,8 @@ def enter(phase: PhaseSpec, call: CallInfo) -> Handle | None:
             return None
         report = _run(phase, "enter", phase.enter, call)
         attrs: dict[str, Any] = {keys.PHASE: phase.name, keys.TARGET: call.target, **report.attrs}
-        if report.teardown and process_state.STATE.launcher_watchdog is not None:
-            from .verdicts import watchdog
-
-            if alive := watchdog.launcher_last_words():
+        if report.teardown and process_state.STATE.launcher_watchdog is not None and LAUNCHER_SIDE is not None:
+            if alive := LAUNCHER_SIDE().last_words():
                 attrs[keys.ALIVE_AT_TEARDOWN] = alive  # these ranks end in the teardown, not before it
         if rt.ready:
             attrs[keys.AFTER_READY] = True
@@ -338,14 +339,8 @@ def _launch_root(rt: runtime.Runtime, attrs: dict[str, Any], attach: bool) -> sp
         return None
     spans.export_traceparent(root.span)
     serving.tell_ranks(rt, attrs.get(keys.PHASE) == keys.PHASE_LAUNCH_SERVER and (node is None or node.rank == 0))
-    from .verdicts import watchdog
-
-    dog = watchdog.start_in_launcher(rt)
-    if node is not None and dog is not None:
-        try:
-            _join_nodes(rt, dog, node, attrs)
-        except Exception as exc:  # this node is still traced and watched, on its own
-            log.warning("sglang-phasetrace: cross-node view not started: %r", exc)
+    if LAUNCHER_SIDE is not None:
+        LAUNCHER_SIDE().start(rt, node, attrs, lambda: _ready(rt, serves=False))
     return root
 
 
@@ -361,28 +356,6 @@ def start_launch_root(phase: str, ends_when_ranks_ready: bool, attrs: dict[str, 
     dog = process_state.STATE.launcher_watchdog
     if dog is not None and ends_when_ranks_ready and dog.when_ranks_ready is None:
         dog.when_ranks_ready = lambda: _ready(rt)
-
-
-def _join_nodes(rt: runtime.Runtime, dog: Any, node: launch.Node, attrs: dict[str, Any]) -> None:
-    """A node of a multi-node launch: the cross-node channel, and for node ≥ 1 (whose launcher
-    never returns: it waits for node 0's shutdown) ready when this node's ranks are."""
-    root = rt.root
-    trace = runtime.hexid(root.get_span_context().trace_id, 32) if root is not None else None
-    if trace is None or rt.run_dir is None:
-        return
-    from .verdicts import crossnode
-
-    th = dog.thresholds
-    cross = crossnode.CrossNode(node, rt.run_dir, trace, min(th.heartbeat_s, 5.0), th.silent_s + th.heartbeat_s)
-    cross.start(rt.write)
-    dog.crossnode = cross
-    if node.rank >= 1:
-        sizes = [attrs.get(f"sglang.{k}_size") for k in ("tp", "pp")]
-        per_node = 1
-        for size in sizes:
-            per_node *= size if isinstance(size, int) and size > 0 else 1
-        dog.expect_ranks, dog.node = max(1, per_node // node.nnodes), node.rank
-        dog.when_ranks_ready = lambda: _ready(rt, serves=False)  # node 0's launcher says when the launch serves
 
 
 def _ready(rt: runtime.Runtime, serves: bool = True, end_ns: int | None = None) -> None:

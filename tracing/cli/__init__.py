@@ -29,6 +29,7 @@ VERBS = {
     "preflight": ("preflight", "Preflight"),
     "status": ("status", "Status"),
     "watch": ("watch", "Watch"),
+    "probe": ("probe", "Probe"),
     "timeline": ("timeline", "Timeline"),
     "compare": ("compare", "Compare"),
     "report": ("report", "Report"),

@@ -51,6 +51,7 @@ def usual(
 class Eta:
     remaining_s: float  # expected seconds until the ranks are ready
     starts: int  # earlier starts it is made from (the most any step ended in)
+    p95_s: float = 0.0  # the same with each step's p95: seconds within which it is ready in most starts
 
 
 def eta(
@@ -64,7 +65,8 @@ def eta(
     one after another (depth 1: the children of the rank's root), in the order they usually begin;
     ``open_phases``: phase key -> seconds it has run so far (the slowest rank's), ``ended``: phase
     keys that ended. Remaining = each open step's median minus its elapsed time (never below 0),
-    plus the median of every step not begun yet. A step that usually begins before the furthest
+    plus the median of every step not begun yet (``p95_s``: the same with each step's p95, a bound
+    that a sum of p95s overstates rather than understates). A step that usually begins before the furthest
     step this start has reached and is in neither is behind it (skipped this time). None without
     history, or when nothing given is one of the steps (the start cannot be placed)."""
     return eta_of(usuals(fingerprint_id, path, exclude), open_phases, ended)
@@ -77,10 +79,12 @@ def eta_of(known: Mapping[str, Usual], open_phases: Mapping[str, float], ended: 
     reached = [i for i, u in enumerate(steps) if u.phase in open_phases or u.phase in ended]
     if not reached:
         return None
-    remaining = 0.0
+    remaining = p95 = 0.0
     for i, step in enumerate(steps):
         if step.phase in open_phases:
             remaining += max(0.0, step.median - open_phases[step.phase])
+            p95 += max(0.0, step.p95 - open_phases[step.phase])
         elif step.phase not in ended and i > reached[-1]:
             remaining += step.median
-    return Eta(remaining, max(u.n for u in steps))
+            p95 += step.p95
+    return Eta(remaining, max(u.n for u in steps), max(p95, remaining))

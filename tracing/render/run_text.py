@@ -47,7 +47,7 @@ def status_line(lay: Layout, verdicts: dict[int, Finding], known: usual.Known | 
     singular, plural = ("rank", "ranks") if ranks[0].proc.role == "rank" else ("process", "processes")
     line = f"{len(ranks)} {singular if len(ranks) == 1 else plural}: " + " · ".join(parts)
     line += "".join(f" · {what}: {', '.join(labels[:4])}" for what, labels in named.items())
-    outlook = usual.eta_text(usual.eta(lay.run, lay.end, known)) if known is not None and not named else ""
+    outlook = usual.eta_text(usual.eta(lay.run, lay.end, known), lay.end) if known is not None and not named else ""
     return clean(line + (f" · {outlook}" if outlook else ""))
 
 

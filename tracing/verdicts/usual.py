@@ -19,6 +19,7 @@ first call (the watchdog's thread), not with the launcher's watchdog.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -196,6 +197,7 @@ class Forecast:
 
     remaining_s: float
     starts: int
+    p95_s: float = 0.0  # by each step's p95 (``history.live.Eta``)
     late: str | None = None  # a step past every earlier start by the margin (``unusual``'s)
     late_s: float = 0.0  # how long it has run
     late_max: float = 0.0  # the longest an earlier start spent in it
@@ -231,7 +233,7 @@ def eta(run: RunView, now_ns: int, known_: Known | None) -> Forecast | None:
         e = eta_of(usuals, opened, ended)
         if e is None or (out is not None and e.remaining_s <= out.remaining_s):
             continue
-        out = Forecast(e.remaining_s, e.starts)
+        out = Forecast(e.remaining_s, e.starts, e.p95_s)
         for key, elapsed in opened.items():
             u = usuals.get(key)
             if u is not None and elapsed >= max(u.max * MARGIN_RATIO, u.max + MARGIN_S) and elapsed > out.late_s:
@@ -239,9 +241,16 @@ def eta(run: RunView, now_ns: int, known_: Known | None) -> Forecast | None:
     return out
 
 
-def eta_text(e: Forecast | None) -> str:
-    """``ready in ≈ 3 min (by 6 earlier starts)``; with a step past every earlier start, ``ready ≈
-    12 s after 'x' ends (4 min in it; earlier starts: at most 2 s)``; empty without an estimate."""
+def clock(t_s: float) -> str:
+    """``14:32``: a wall-clock time of this host, to the minute (to the second when it is near)."""
+    return time.strftime("%H:%M:%S" if t_s - time.time() < 120 else "%H:%M", time.localtime(t_s))
+
+
+def eta_text(e: Forecast | None, now_ns: int | None = None) -> str:
+    """``ready in ≈ 3 min (by 6 earlier starts)``; given ``now_ns``, also when and the p95: ``ready in
+    ≈ 41 s, at ≈ 14:32 (p95 55 s; by 6 earlier starts)``; with a step past every earlier start,
+    ``ready ≈ 12 s after 'x' ends (4 min in it; earlier starts: at most 2 s)``; empty without an
+    estimate."""
     if e is None:
         return ""
     earlier = "the one earlier start" if e.starts == 1 else f"{e.starts} earlier starts"
@@ -252,7 +261,10 @@ def eta_text(e: Forecast | None) -> str:
         )
     if e.remaining_s < 1:
         return f"past its usual time ({earlier} were ready by now)"
-    return f"ready in ≈ {duration(e.remaining_s)} (by {earlier})"
+    if now_ns is None:
+        return f"ready in ≈ {duration(e.remaining_s)} (by {earlier})"
+    at = clock(now_ns / NS + e.remaining_s)
+    return f"ready in ≈ {duration(e.remaining_s)}, at ≈ {at} (p95 {duration(e.p95_s)}; by {earlier})"
 
 
 def outlook(run: RunView, now_ns: int, known_: Known | None) -> dict[str, Any] | None:
@@ -265,12 +277,17 @@ def outlook(run: RunView, now_ns: int, known_: Known | None) -> dict[str, Any] |
     fp = known_.fingerprint
     n = known_.starts
     line = f"launch {fp.id} ({fp.summary}): {n} earlier start{'' if n == 1 else 's'}"
-    if e is not None:
-        line += f"; {eta_text(e)}"
+    said = eta_text(e, now_ns)
+    if said:
+        line += f"; {said}"
+    placed = e is not None and e.late is None  # a step past every earlier start: only a lower bound
     return {
         "fingerprint": fp.id,
         "summary": fp.summary,
         "starts": n,
         "eta_s": None if e is None else round(e.remaining_s, 3),
+        "p95_s": round(e.p95_s, 3) if placed else None,  # type: ignore[union-attr]
+        "ready_at": round(now_ns / NS + e.remaining_s, 3) if e is not None else None,  # seconds since the epoch
+        "said": said,
         "line": line,
     }

@@ -13,8 +13,6 @@ asks it to end a local launcher after a stall that long.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import logging
 import os
 import signal
@@ -27,10 +25,11 @@ from typing import Any, TextIO
 
 from .. import files, keys, process_state, procs
 from ..journal import records
+from ..journal.layout import STARTUP_FILE
 from ..reader.run import ProcessRec, RunView
 from ..recorder import metrics, otlp, runtime
 from ..redact import printable, redact_text
-from . import evidence, postmortem
+from . import evidence, postmortem, startup, usual
 from . import stack_requests as stacks
 from .diagnose import PREFIX, VERDICT, Finding, Thresholds, said, suspects
 from .evidence.ranks import RankReader
@@ -104,6 +103,8 @@ class Watchdog:
         self.keeps = False  # a launcher's: it records its start in the history (``keep``)
         self.keeper: Any = None  # ``history.keeper.Keeper``, made at the first recording
         self.indexed = False  # the run's index writer was started (``index_later``)
+        self.publishes = False  # a launcher's: the start's state after each pass, in ``STARTUP_FILE``
+        self.startup: startup.Startup | None = None  # the latest pass's (the start-up endpoint serves it)
 
     def step(self, now_ns: int | None = None) -> list[Finding]:
         """One pass: read what is new, analyze, act on findings not reported yet. Returns them."""
@@ -144,7 +145,34 @@ class Watchdog:
             if self.keeps and any(f.alarm for f in new) and not (self.keeper is not None and self.keeper.final):
                 keep(self, final=False)  # a launcher killed after its stall still leaves its start
             self._maybe_abort(findings)
+            self.publish(findings, now_ns)
             return new
+
+    def publish(self, found: list[Finding], now_ns: int) -> None:
+        """The start's state from this pass (``verdicts.startup``): kept for the endpoint and, for a
+        launcher, written to the run's state file for ``phasetrace probe``. Never raises."""
+        try:
+            outlook = usual.outlook(self.run, now_ns, usual.known(self.run))
+            here = procs.this_host()
+            alive = {p.pid: running(p) for p in self.run.processes if p.role == "launcher" and p.host == here}
+            self.startup = startup.assess(self.run, found, now_ns, outlook, alive)
+            if self.publishes:
+                files.write_atomic(Path(self.run.path) / STARTUP_FILE, startup.state_file(self.startup))
+        except OSError as exc:
+            files.say_once(Path(self.run.path) / STARTUP_FILE, exc, "phasetrace probe reads the journals instead")
+        except Exception as exc:
+            if process_state.say_once(("startup state", repr(exc))):
+                log.warning("sglang-phasetrace: the start's state not published: %r", exc)
+
+    def publish_now(self) -> None:
+        """One more state after the watchdog stopped (the launch serves): the journals read again."""
+        with self.lock:
+            try:
+                self.run.refresh()
+            except Exception as exc:
+                log.debug("sglang-phasetrace: serving state not read: %r", exc)
+                return
+            self.publish([], time.time_ns())
 
     def _look_for_exits(self) -> bool:
         """Rank and helper processes of this host that ended before they were ready; how, where we can
@@ -336,45 +364,6 @@ def _float_env(name: str) -> float | None:
         return None
 
 
-def start_in_launcher(rt: runtime.Runtime) -> Watchdog | None:
-    """Watch this launch from the launching process until it serves (or exits): its ranks are
-    watched through their warm-up, initialised but not serving (``recorder.serving``)."""
-    if os.environ.get(keys.ENV_WATCHDOG, "1") == "0" or rt.run_dir is None:
-        return None
-    os.environ[keys.ENV_LAUNCHER] = str(os.getpid())  # ranks spawned from here start tracing at import
-    dog = process_state.STATE.launcher_watchdog = Watchdog(rt.run_dir, record=rt.write)
-    dog.keeps = True
-    rt.on_ready.append(lambda: _ready(dog))
-    atexit.register(keep_at_exit)  # registered first, runs last: after the post-mortem's records
-    atexit.register(launcher_last_words)  # a launch that ends before ready: its post-mortem
-    threading.Thread(target=dog.loop, name="phasetrace-watchdog", daemon=True).start()
-    return dog
-
-
-def _ready(dog: Watchdog) -> None:
-    """The launcher is ready: the watchdog stops; a node of a multi-node launch sends its last word."""
-    dog.stop.set()
-    if dog.crossnode is not None:
-        dog.crossnode.finish()
-    keep(dog)
-    index_later(dog, serving=True)
-
-
-def index_later(dog: Watchdog, serving: bool) -> None:
-    """Have the run's index written by a detached, niced process (``reader.index``), so every viewer
-    after it reads the run once: now, when the launch serves; else after this launcher exits and
-    its ranks are gone, unless it is written by then. Never raises."""
-    try:
-        from ..reader import index
-
-        if (dog.indexed and serving) or (not serving and (Path(dog.run.path) / index.INDEX_NAME).exists()):
-            return
-        dog.indexed = True
-        index.spawn_writer(list(dog.run.paths), "now" if serving else "exit", allow_serving=serving)
-    except Exception as exc:
-        log.debug("sglang-phasetrace: index not written: %r", exc)
-
-
 def keep(dog: Watchdog, final: bool = True, wait_s: float = 0.0) -> None:
     """Record the launch's start in the history (``tracing.history``) from a thread: at ready, at
     exit (then waiting at most ``wait_s``); at each new stall verdict before that (not ``final``).
@@ -391,47 +380,3 @@ def keep(dog: Watchdog, final: bool = True, wait_s: float = 0.0) -> None:
             dog.keeper.wait(wait_s)
     except Exception as exc:
         log.debug("sglang-phasetrace: history: not recorded: %r", exc)
-
-
-def keep_at_exit() -> None:
-    """The launcher exits: its start recorded as it ended (already at ready: what is left of that
-    is waited for), waiting at most ``history.keeper.EXIT_WAIT_S``."""
-    dog = process_state.STATE.launcher_watchdog
-    if dog is None:
-        return
-    if dog.keeper is not None and dog.keeper.final:
-        dog.keeper.wait()
-    else:
-        keep(dog, wait_s=EXIT_WAIT_S)
-    index_later(dog, serving=False)
-
-
-def launcher_last_words() -> list[int]:
-    """Called as SGLang starts tearing the launch down (``tracing.phases``): name who ended first.
-    Returns the pids of this host's ranks and helpers still running then (they end in the teardown)."""
-    dog = process_state.STATE.launcher_watchdog
-    if dog is None or dog.stop.is_set():
-        return []
-    dog.stop.set()
-    # SGLang's teardown is already under way (its SIGQUIT handler called us): a second failing child's
-    # SIGQUIT would re-enter that handler and kill the tree mid-sentence. Ignored for these few
-    # milliseconds, then SGLang's handler is back and goes on to kill the tree as it would have.
-    previous = None
-    with contextlib.suppress(ValueError, OSError):  # not the main thread: nothing to hold off
-        if callable(signal.getsignal(signal.SIGQUIT)):  # a Python handler (SGLang's): restorable
-            previous = signal.signal(signal.SIGQUIT, signal.SIG_IGN)
-    try:
-        dog.last_words()
-        return [
-            p.pid
-            for p in dog.run.processes
-            if (p.role == "rank" or p.helper) and not p.ready and p.pid not in dog.gone and running(p)
-        ]
-    except Exception as exc:
-        log.debug("sglang-phasetrace: last words failed: %r", exc)
-        return []
-    finally:
-        keep(dog, wait_s=EXIT_WAIT_S)  # the teardown kills this process next: no atexit after it
-        if previous is not None:
-            with contextlib.suppress(ValueError, OSError):
-                signal.signal(signal.SIGQUIT, previous)

@@ -1,0 +1,248 @@
+"""What an orchestrator reads of a start: ``phasetrace probe``'s exit codes and line, the launcher's
+start-up endpoint (``/metrics`` in the Prometheus text format, ``/startup``, ``/startup/probe``),
+and the predicted ready time. Runs written by hand here (``handmade_runs``); the real parts — a
+real traced SGLang start scraped by a real Prometheus server — are in ``test_orchestrators_real.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+from handmade_runs import NOW, Proc
+from prometheus_client.parser import text_string_to_metric_families
+from sglang_phasetrace.tracing import keys, process_state, procs
+from sglang_phasetrace.tracing.cli import main
+from sglang_phasetrace.tracing.cli.probe import STILL_STARTING, find_run
+from sglang_phasetrace.tracing.journal.layout import STARTUP_FILE
+from sglang_phasetrace.tracing.launcher import endpoint
+from sglang_phasetrace.tracing.reader.run import RunView
+from sglang_phasetrace.tracing.verdicts import startup
+from sglang_phasetrace.tracing.verdicts.diagnose import Thresholds
+from sglang_phasetrace.tracing.verdicts.findings import live
+
+S = 1_000_000_000
+
+
+def _ranks(run: Path, *, initialised: bool = True) -> list[Proc]:
+    made = [Proc(run, 100 + i, "rank", f"tp{i}", "rank").phase("model.load_weights", 290, 200) for i in range(2)]
+    return [p.initialised(100).idle() if initialised else p for p in made]
+
+
+def _assess(run: Path, alive: dict[int, bool] | None = None, outlook: dict | None = None) -> startup.Startup:
+    view = RunView(run).refresh(final=True)
+    found = [f for f, _ in live(view, NOW, Thresholds(), {})]
+    return startup.assess(view, found, NOW, outlook, alive)
+
+
+# -- the start's state ----------------------------------------------------------------------------------------
+
+
+def test_a_start_that_progresses_is_starting_and_says_where_it_waits(tmp_path: Path) -> None:
+    Proc(tmp_path, 99, "launcher", "launcher", "launch.server").phase("launch.wait_ranks", 280).write()
+    tp0 = Proc(tmp_path, 100, "rank", "tp0", "rank").phase("model.load_weights", 30).loading(5, 8)
+    tp0.write()
+    s = _assess(
+        tmp_path, outlook={"eta_s": 41.0, "p95_s": 55.0, "ready_at": 1.0, "starts": 6, "said": "ready in ≈ 41 s"}
+    )
+    assert (s.state, s.code) == ("starting", 0)
+    assert s.line.startswith("sglang-phasetrace: starting: 1 rank; tp0 in 'model.load_weights' for 30 s (5/8 shards)")
+    assert s.line.endswith("; ready in ≈ 41 s"), s.line
+    assert s.predicted is not None and s.predicted["eta_s"] == 41.0 and s.predicted["p95_s"] == 55.0
+    rows = {r["label"]: r for r in s.processes}
+    assert rows["tp0"]["phase"] == "model.load_weights" and rows["tp0"]["progress_done"] == 5
+    assert rows["tp0"]["cpu_pct"] == 95.0 and rows["tp0"]["rss"] == 1 << 30
+    assert rows["launcher"]["phase"] == "launch.wait_ranks"
+
+
+def test_a_standing_verdict_is_the_state_and_its_first_line_the_line(tmp_path: Path) -> None:
+    launcher = Proc(tmp_path, 99, "launcher", "launcher", "launch.server").phase("server.wait_ready", 30).idle()
+    detok = Proc(tmp_path, 98, "detokenizer", "detokenizer", "process").phase("detokenizer.init", 40).idle()
+    for p in [launcher, detok, *_ranks(tmp_path)]:
+        p.write()
+    s = _assess(tmp_path)
+    assert (s.state, s.code) == ("stalled", 3)
+    assert s.line.startswith("sglang-phasetrace: STALL detokenizer (pid 98) holds the launch"), s.line
+    assert s.verdicts == [{"kind": "blocked", "label": "detokenizer", "phase": "detokenizer.init", "line": s.line}]
+    assert {r["label"]: r["state"] for r in s.processes}["detokenizer"] == "stalled"
+
+
+def test_served_is_serving_until_the_launcher_is_gone(tmp_path: Path) -> None:
+    Proc(tmp_path, 99, "launcher", "launcher", "launch.server").serving(5).write()
+    for p in _ranks(tmp_path):
+        p.serving(5).write()
+    assert (_assess(tmp_path, {99: True}).state, _assess(tmp_path, {99: True}).code) == ("serving", 0)
+    assert (_assess(tmp_path, {99: False}).state, _assess(tmp_path, {99: False}).code) == ("ended", 8)
+
+
+def test_a_launcher_gone_before_serving_with_nothing_said_is_failed(tmp_path: Path) -> None:
+    Proc(tmp_path, 99, "launcher", "launcher", "launch.server").phase("launch.wait_ranks", 20).write()
+    s = _assess(tmp_path, {99: False})
+    assert (s.state, s.code) == ("failed", 4) and "the launcher (pid 99) ended before the launch served" in s.line
+
+
+def test_the_state_file_holds_no_process_and_names_its_writer(tmp_path: Path) -> None:
+    Proc(tmp_path, 99, "launcher", "launcher", "launch.server").phase("launch.wait_ranks", 20).write()
+    doc = json.loads(startup.state_file(_assess(tmp_path)))
+    assert "processes" not in doc and doc["state"] == "starting" and doc["code"] == 0
+    assert doc["writer"]["pid"] == os.getpid() and doc["writer"]["start_ticks"]
+
+
+# -- phasetrace probe -----------------------------------------------------------------------------------------
+
+
+def _probe(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = main(["probe", *argv])
+    return code, capsys.readouterr().out.strip()
+
+
+def _state(run: Path, state: str, line: str, age_s: float = 0.0, pid: int | None = None) -> None:
+    """A state file as a launcher's watchdog writes it, ``age_s`` old, by ``pid`` (this process)."""
+    s = startup.Startup(state, line, run=str(run), t=time.time_ns() - int(age_s * S))
+    doc = json.loads(startup.state_file(s))
+    if pid is not None:
+        doc["writer"]["pid"] = pid
+    (run / STARTUP_FILE).write_text(json.dumps(doc))
+
+
+def test_probe_answers_from_the_state_file_while_its_writer_runs(tmp_path: Path, capsys) -> None:
+    Proc(tmp_path, 99, "launcher", "launcher", "launch.server").phase("launch.wait_ranks", 20).write()
+    _state(tmp_path, "starting", "sglang-phasetrace: starting: 2 ranks")
+    assert _probe(capsys, str(tmp_path)) == (0, "sglang-phasetrace: starting: 2 ranks")
+    _state(tmp_path, "stalled", "sglang-phasetrace: STALL rank tp1 (pid 101) is blocked in 'x' for 9 s")
+    assert _probe(capsys, str(tmp_path)) == (3, "sglang-phasetrace: STALL rank tp1 (pid 101) is blocked in 'x' for 9 s")
+    for state, code in (("failed", 4), ("not_started", 5), ("stopped", 6), ("serving", 0)):
+        _state(tmp_path, state, f"sglang-phasetrace: {state}")
+        assert _probe(capsys, str(tmp_path))[0] == code, state
+
+
+def test_probe_reads_the_journals_when_the_state_file_is_stale_or_its_writer_gone(tmp_path: Path, capsys) -> None:
+    """The launcher was SIGKILLed: its state file says "starting", written by a process that is gone;
+    its journal (this host's, its pid no longer running) says it ended before the launch served."""
+    gone = 2**22 + 7  # no such process
+    here = procs.this_host()
+    Proc(tmp_path, gone, "launcher", "launcher", "launch.server", 30, host=here, now=time.time_ns()).write()
+    _state(tmp_path, "starting", "sglang-phasetrace: starting", pid=gone)
+    code, line = _probe(capsys, str(tmp_path))
+    assert code == 4 and f"the launcher (pid {gone}) ended before the launch served" in line, line
+    _state(tmp_path, "starting", "sglang-phasetrace: starting", age_s=600)  # this process wrote it, 10 min ago
+    assert _probe(capsys, str(tmp_path))[0] == 4
+
+
+def test_probe_finds_the_run_as_the_cli_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    base = tmp_path / "runs"
+    base.mkdir()
+    monkeypatch.delenv(keys.ENV_RUN_DIR, raising=False)
+    monkeypatch.setenv(keys.ENV_BASE_DIR, str(base))
+    code, line = _probe(capsys)
+    assert code == 7 and line == f"sglang-phasetrace: no run in {base} yet"
+    old, new = base / "20261206-100000-aaaaaa", base / "20261206-110000-bbbbbb"
+    for run in (old, new):
+        (run / "journal").mkdir(parents=True)
+    os.utime(old, (1, 1))
+    assert find_run(None) == new and find_run(str(base)) == new and find_run(str(old)) == old
+    monkeypatch.setenv(keys.ENV_RUN_DIR, str(old))
+    assert find_run(None) == old
+
+
+def test_probe_wait_returns_at_the_verdict_or_when_its_time_runs_out(tmp_path: Path, capsys) -> None:
+    Proc(tmp_path, 99, "launcher", "launcher", "launch.server").phase("launch.wait_ranks", 20).write()
+    _state(tmp_path, "starting", "sglang-phasetrace: starting")
+    tic = time.monotonic()
+    assert _probe(capsys, "--wait", "1.5", str(tmp_path))[0] == STILL_STARTING
+    assert 1.4 < time.monotonic() - tic < 4
+    _state(tmp_path, "serving", "sglang-phasetrace: the launch serves")
+    assert _probe(capsys, "--wait", "60", str(tmp_path)) == (0, "sglang-phasetrace: the launch serves")
+
+
+def test_probe_json_is_the_state_with_its_exit_code(tmp_path: Path, capsys) -> None:
+    Proc(tmp_path, 99, "launcher", "launcher", "launch.server").phase("launch.wait_ranks", 20).write()
+    _state(tmp_path, "stalled", "sglang-phasetrace: STALL x")
+    code, out = _probe(capsys, "--json", str(tmp_path))
+    doc = json.loads(out)
+    assert code == 3 and doc["state"] == "stalled" and doc["exit_code"] == 3 and "writer" not in doc
+
+
+# -- the start-up endpoint ------------------------------------------------------------------------------------
+
+
+def _get(port: int, path: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.status, r.headers["Content-Type"], r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers["Content-Type"], e.read().decode()
+
+
+def test_the_endpoint_serves_metrics_the_state_and_the_probe(tmp_path: Path) -> None:
+    launcher = Proc(tmp_path, 99, "launcher", "launcher", "launch.server").phase("launch.wait_ranks", 280)
+    tp0 = Proc(tmp_path, 100, "rank", "tp0", "rank").phase("model.load_weights", 30).loading(5, 8)
+    for p in (launcher, tp0):
+        p.write()
+    state = {"now": _assess(tmp_path, outlook={"eta_s": 41.0, "p95_s": 55.0, "said": "ready in ≈ 41 s"})}
+    port = free_port()
+    server = endpoint.serve(("127.0.0.1", port), lambda: state["now"])
+    try:
+        code, kind, body = _get(port, "/metrics")
+        assert code == 200 and kind.startswith("text/plain; version=0.0.4")
+        families = {f.name: f for f in text_string_to_metric_families(body)}
+        [st] = [s for s in families["phasetrace_start_state"].samples if s.value == 1]
+        assert st.labels == {"phasetrace_start_state": "starting"}
+        assert families["phasetrace_start_predicted_ready_seconds"].samples[0].value == 41.0
+        phases = {s.labels["label"]: s.labels["phase"] for s in families["phasetrace_process_phase"].samples}
+        assert phases == {"launcher": "launch.wait_ranks", "tp0": "model.load_weights"}
+        done = {s.labels["label"]: s.value for s in families["phasetrace_process_progress_done"].samples}
+        assert done == {"tp0": 5.0}
+        code, kind, body = _get(port, "/startup")
+        doc = json.loads(body)
+        assert code == 200 and kind == "application/json" and doc["state"] == "starting" and doc["code"] == 0
+        assert {r["label"] for r in doc["processes"]} == {"launcher", "tp0"}
+        assert _get(port, "/startup/probe")[0] == 200
+        state["now"] = startup.Startup("stalled", "sglang-phasetrace: STALL rank tp0 …")
+        code, _, body = _get(port, "/startup/probe")
+        assert (code, body) == (503, "sglang-phasetrace: STALL rank tp0 …\n")
+        assert _get(port, "/nothing")[0] == 404
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_port_in_use_is_one_warning_and_the_launch_goes_on(monkeypatch, caplog) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    monkeypatch.setenv(keys.ENV_HTTP, f"127.0.0.1:{port}")
+    monkeypatch.setattr(process_state, "STATE", process_state.ProcessState())
+    monkeypatch.setattr(endpoint, "process_state", process_state)
+
+    class Dog:
+        startup = None
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="sglang_phasetrace"):
+            assert endpoint.open_from_env(Dog()) is None  # type: ignore[arg-type]
+            assert endpoint.open_from_env(Dog()) is None  # type: ignore[arg-type]
+    finally:
+        taken.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        f"sglang-phasetrace: no start-up endpoint: cannot listen on 127.0.0.1:{port} (Address already in use)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "addr"),
+    [("9464", ("127.0.0.1", 9464)), (":9464", ("127.0.0.1", 9464)), ("0.0.0.0:80", ("0.0.0.0", 80)),
+     ("[::1]:9464", ("::1", 9464)), ("host:1", ("host", 1)), ("x", None), ("1:99999", None), ("", None)],
+)  # fmt: skip
+def test_the_address_is_loopback_unless_given(value: str, addr: tuple[str, int] | None) -> None:
+    assert endpoint.parse(value) == addr

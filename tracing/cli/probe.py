@@ -1,0 +1,135 @@
+"""``phasetrace probe [RUN_DIR]``: an exec probe for orchestrators (a Kubernetes probe, a Slurm or
+shell gate). Exit 0 while the start progresses or the launch serves; a distinct code once a verdict
+stands. One line on stdout says why.
+
+Fast at any size of launch: it reads the state file the launcher's watchdog replaces after each
+pass (``verdicts.startup``), and the journals only when that file is missing, stale or its writer
+gone. It reads files and ``/proc`` only: no process is signalled, traced or paused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import keys, procs
+from ..journal.layout import JOURNAL_DIR, STARTUP_FILE
+from ..journal.reader import read_regular
+from ..redact import printable
+from ..verdicts.startup import CODES, Startup
+from .command import CommandError, newest_run
+
+STATE_MAX = 1 << 20  # a state file is a few kB; more is not ours
+STILL_STARTING = 9  # ``--wait``: the time given ran out while the start progresses
+
+
+def find_run(arg: str | None) -> Path | None:
+    """The launch's run directory as the CLI finds one: ``arg`` (a run directory, or a directory of
+    runs: its newest), else ``$SGLANG_PHASETRACE_RUN_DIR``, else the newest run of
+    ``$SGLANG_PHASETRACE_DIR`` (default ``./phasetrace-runs``). None: there is none yet."""
+    given = arg or os.environ.get(keys.ENV_RUN_DIR)
+    if given:
+        path = Path(given)
+        return path if (path / JOURNAL_DIR).is_dir() or not path.is_dir() else newest_run(path) or path
+    return newest_run(os.environ.get(keys.ENV_BASE_DIR) or keys.DEFAULT_BASE_DIR)
+
+
+def read_state(run_dir: Path, now_ns: int, stale_s: float) -> dict[str, Any] | None:
+    """The watchdog's last state, while it speaks for the launch: written within ``stale_s`` (or
+    final: serving, or a verdict) by a writer still running on this host. None otherwise."""
+    try:
+        raw = read_regular(run_dir / STARTUP_FILE, limit=STATE_MAX)
+        doc = json.loads(raw)
+    except (OSError, ValueError):
+        return None
+    writer = doc.get("writer") if isinstance(doc, dict) else None
+    if not isinstance(writer, dict) or doc.get("state") not in CODES or not isinstance(doc.get("t"), int):
+        return None
+    alive = procs.same_process(writer.get("pid") or 0, writer.get("host") or "", writer.get("start_ticks"),
+                               writer.get("boot_id"))  # fmt: skip
+    if not alive:  # the launcher is gone: how it ended is in the journals
+        return None
+    if doc["state"] == "starting" and (now_ns - doc["t"]) / 1e9 > stale_s:
+        return None  # its watchdog stopped speaking: judge from the journals
+    return doc
+
+
+def assess_journals(run_dir: Path, now_ns: int) -> dict[str, Any]:
+    """What ``status`` would say, from the journals (the state file could not be used)."""
+    from ..reader.load import load_run
+    from ..verdicts import startup, usual
+    from ..verdicts.findings import findings, gone_ranks, running
+
+    view = load_run(run_dir)
+    found = findings(view, now_ns, gone=gone_ranks(view))
+    here = procs.this_host()
+    alive = {p.pid: running(p) for p in view.processes if p.role == "launcher" and p.host == here}
+    outlook = usual.outlook(view, now_ns, usual.known(view))
+    doc = startup.assess(view, found, now_ns, outlook, alive).to_json()
+    doc.pop("processes")
+    return doc
+
+
+class Probe:
+    name = "probe"
+    help = "exit 0 while the start progresses or serves, a verdict's code once one stands (for orchestrators)"
+    description = f"""\
+An exec probe for Kubernetes, Slurm or a shell gate. Exits 0 while the start progresses (slowly
+or not) or the launch serves; once a verdict stands, its code:
+  {CODES["stalled"]} stalled   {CODES["failed"]} failed (a process died or failed; the launcher ended before serving)
+  {CODES["not_started"]} not started   {CODES["stopped"]} stopped from outside   {CODES["no_run"]} no run directory yet
+  {CODES["ended"]} the launch served and has ended   {STILL_STARTING} (--wait) still starting when the time ran out
+One line on stdout says why (the verdict's first line). It finds the run as the CLI does: RUN_DIR
+(or a directory of runs: its newest), else ${keys.ENV_RUN_DIR}, else the newest run of
+${keys.ENV_BASE_DIR}. It signals, traces and pauses nothing.
+
+  phasetrace probe || echo "the start is in trouble"
+  phasetrace probe --wait 3600 "$RUN_DIR" && python bench.py   # a gate: wait until it serves"""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run directory, or a directory of runs")
+        parser.add_argument("--json", action="store_true", help="the start's state as one JSON document")
+        parser.add_argument(
+            "--wait", type=float, metavar="S", help="wait up to S seconds for the launch to serve or a verdict"
+        )
+
+    def run(self, args: argparse.Namespace) -> int:
+        deadline = time.monotonic() + args.wait if args.wait is not None else None
+        while True:
+            doc = self.look(args.run_dir)
+            waiting = deadline is not None and doc["state"] in ("starting", "no_run")
+            if not waiting or time.monotonic() >= deadline:  # type: ignore[operator]
+                break
+            time.sleep(1.0)
+        code = STILL_STARTING if waiting else doc["code"]
+        if args.json:
+            print(json.dumps({**doc, "exit_code": code}, indent=1))
+        else:
+            print(printable(doc["line"]))
+        sys.stdout.flush()
+        return code
+
+    def look(self, arg: str | None) -> dict[str, Any]:
+        run_dir = find_run(arg)
+        now = time.time_ns()
+        if run_dir is None or not (run_dir / JOURNAL_DIR).is_dir():
+            where = run_dir or Path(os.environ.get(keys.ENV_BASE_DIR) or keys.DEFAULT_BASE_DIR)
+            line = f"sglang-phasetrace: no run in {where} yet"
+            return Startup("no_run", line, run=str(where), t=now).to_json() | {"processes": None}
+        from ..verdicts.diagnose import Thresholds
+
+        th = Thresholds.from_env()
+        doc = read_state(run_dir, now, max(3 * th.heartbeat_s, 10.0))
+        if doc is None:
+            try:
+                doc = assess_journals(run_dir, now)
+            except OSError as exc:
+                raise CommandError(f"{run_dir}: cannot read the run ({exc.strerror or exc})") from None
+        doc.pop("writer", None)
+        doc.pop("processes", None)
+        return doc
