@@ -128,3 +128,26 @@ if os.environ.get("PLANT_MODULES_OUT"):
                 f.write("\n".join(sorted(sys.modules)))
 
         module.Scheduler.__init__ = __init__
+
+
+if os.environ.get("PLANT_BUSY_LOAD_S"):
+    import functools
+    import time
+
+    import wrapt
+
+    @wrapt.when_imported("sglang.srt.model_loader.loader")
+    def _plant_busy_load(module):
+        """Every rank computes for ``PLANT_BUSY_LOAD_S`` seconds inside weight loading before the real
+        load: a start that is slow and busy (a big checkpoint on a slow disk, a slow dequantisation),
+        never stuck."""
+        original = module.DefaultModelLoader.load_model
+
+        @functools.wraps(original)
+        def load_model(self, *args, **kwargs):
+            until = time.monotonic() + float(os.environ["PLANT_BUSY_LOAD_S"])
+            while time.monotonic() < until:
+                sum(i * i for i in range(10_000))
+            return original(self, *args, **kwargs)
+
+        module.DefaultModelLoader.load_model = load_model

@@ -1,0 +1,206 @@
+"""What an orchestrator reads of a real traced SGLang start on CPU (tp=2): a real Prometheus server
+(Debian's ``prometheus``, installed by ``scripts/install-test-tools.sh``) scraping the launcher's
+start-up endpoint, ``phasetrace probe`` and the endpoint's ``/startup/probe`` through a slow but
+busy start, at a planted stall, and an endpoint whose port is taken. Faults are planted through the
+hook only (``tests/plants``); every process is bounded in time and its process group killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import HOOKS, PLANTS, ROOT, free_port, hook_env, kill_group, requires_sglang
+from sglang_phasetrace.tracing.cli import main
+
+
+def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError:
+        return 0, ""
+
+
+class Prometheus:
+    """A real Prometheus server on loopback scraping ``target`` every second; queried over its HTTP API."""
+
+    def __init__(self, tmp: Path, target: str) -> None:
+        exe = shutil.which("prometheus")
+        if exe is None:
+            pytest.skip("prometheus is not installed (scripts/install-test-tools.sh installs it)")
+        self.port = free_port()
+        config = tmp / "prometheus.yml"
+        config.write_text(
+            "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
+            "scrape_configs:\n"
+            f"  - job_name: sglang-start\n    static_configs: [{{targets: ['{target}']}}]\n"
+        )
+        self.proc = subprocess.Popen(
+            [exe, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "w"), start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while _get(f"http://127.0.0.1:{self.port}/-/ready")[0] != 200:
+            assert time.monotonic() < deadline and self.proc.poll() is None, (tmp / "prometheus.log").read_text()
+            time.sleep(0.5)
+
+    def query(self, promql: str) -> list[dict]:
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        code, body = _get(url)
+        assert code == 200, body
+        return json.loads(body)["data"]["result"]
+
+    def close(self) -> None:
+        kill_group(self.proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+
+
+class Server:
+    """``python -m sglang.launch_server`` tp=2 on CPU under the hook and the plants, its own process
+    group, its launcher's start-up endpoint on ``http_port``."""
+
+    def __init__(self, tmp: Path, model: Path, http_port: int, plant: dict[str, str], engine: bool = False) -> None:
+        self.base = tmp / "runs"
+        env = hook_env(self.base, {keys: value for keys, value in plant.items()})
+        env["PYTHONPATH"] = os.pathsep.join((str(HOOKS), str(PLANTS)))
+        env["SGLANG_PHASETRACE_HTTP"] = f"127.0.0.1:{http_port}"
+        if engine:
+            command = [
+                sys.executable,
+                str(ROOT / "scripts" / "start_engine.py"),
+                str(model),
+                "--tp",
+                "2",
+                "--no-generate",
+            ]
+        else:
+            self.port = free_port()
+            command = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--device", "cpu",
+                       "--tp-size", "2", "--max-total-tokens", "4096", "--port", str(self.port)]  # fmt: skip
+        self.err = tmp / "launch.err"
+        with open(self.err, "w") as err:
+            self.proc = subprocess.Popen(command, env=env, cwd=tmp, stdin=subprocess.DEVNULL, stdout=err,
+                                         stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+
+    def probe(self, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict]:
+        """``phasetrace probe --json`` on the launch's base directory (its newest run), as an exec probe runs it."""
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("SGLANG_PHASETRACE_DIR", str(self.base))
+            mp.delenv("SGLANG_PHASETRACE_RUN_DIR", raising=False)
+            code = main(["probe", "--json"])
+        out = capsys.readouterr().out
+        return code, json.loads(out)
+
+    def close(self) -> None:
+        kill_group(self.proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def launched(tmp_path: Path, tiny_model: tuple[Path, Path]) -> Iterator:
+    made: list = []
+
+    def start(*args: object, **kw: object) -> Server:
+        made.append(Server(tmp_path, tiny_model[0], *args, **kw))  # type: ignore[arg-type]
+        return made[-1]
+
+    yield start
+    for one in made:
+        one.close()
+
+
+@requires_sglang
+@pytest.mark.sglang
+@pytest.mark.timeout(500)
+def test_prometheus_scrapes_a_slow_start_that_keeps_passing_until_it_serves(
+    tmp_path: Path, launched, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every rank computes for 25 s in its weight loading (slow, busy, never stuck): the probe and
+    the HTTP probe pass throughout; Prometheus holds each rank's phases and, at the end, "serving"."""
+    http = free_port()
+    prom = Prometheus(tmp_path, f"127.0.0.1:{http}")
+    try:
+        server = launched(http, {"PLANT_BUSY_LOAD_S": "25"})
+        seen: list[tuple[int, str, int]] = []  # (probe exit code, state, HTTP probe status)
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and server.proc.poll() is None:
+            code, doc = server.probe(capsys)
+            status = _get(f"http://127.0.0.1:{http}/startup/probe")[0]
+            seen.append((code, doc["state"], status))
+            if doc["state"] == "serving":
+                break
+            time.sleep(1.0)
+        states = [s for _, s, _ in seen]
+        assert states[-1] == "serving" and "starting" in states, seen
+        print(f"\nprobe through a slow start: {[(c, s_) for c, s_, _ in seen]}")
+        assert all(code == (7 if s == "no_run" else 0) for code, s, _ in seen), seen  # slow is not stuck
+        assert all(status in (0, 200) for _, _, status in seen), seen  # 0: the endpoint not open yet
+        assert any(status == 200 for _, s, status in seen if s == "starting"), seen
+        time.sleep(3)  # a scrape after serving
+        loading = prom.query('count by (label) (count_over_time(phasetrace_process_phase{phase="model.loader"}[10m]))')
+        assert {r["metric"]["label"] for r in loading} == {"tp0", "tp1"}, loading
+        [state] = prom.query('phasetrace_start_state{phasetrace_start_state="serving"}')
+        assert state["value"][1] == "1", state
+        ranks = prom.query('phasetrace_process_state{role="rank"}')
+        assert {r["metric"]["label"]: r["metric"]["state"] for r in ranks} == {"tp0": "serving", "tp1": "serving"}
+    finally:
+        prom.close()
+
+
+@requires_sglang
+@pytest.mark.sglang
+@pytest.mark.timeout(400)
+def test_a_planted_stall_fails_the_probe_and_the_http_probe_with_the_verdict(
+    launched, capsys: pytest.CaptureFixture[str]
+) -> None:
+    http = free_port()
+    server = launched(http, {"PLANT_STALL_PHASE_TP_RANK": "1"})
+    deadline = time.monotonic() + 300
+    code, doc = server.probe(capsys)
+    while code in (0, 7) and time.monotonic() < deadline and server.proc.poll() is None:  # 7: no run yet
+        time.sleep(1.0)
+        code, doc = server.probe(capsys)
+    assert (code, doc["state"]) == (3, "stalled"), doc
+    assert doc["line"].startswith("sglang-phasetrace: STALL rank tp1 (pid ") and "'attention.init'" in doc["line"], doc
+    status, body = _get(f"http://127.0.0.1:{http}/startup/probe")
+    assert status == 503 and body.startswith("sglang-phasetrace: STALL rank tp1 (pid "), body
+    _, metrics = _get(f"http://127.0.0.1:{http}/metrics")
+    assert re.search(r'^phasetrace_start_verdict\{kind="\w+",label="tp1",phase="attention.init"\} 1\.0$', metrics, re.M)
+
+
+@requires_sglang
+@pytest.mark.sglang
+@pytest.mark.timeout(400)
+def test_an_endpoint_whose_port_is_taken_is_one_warning_and_the_start_goes_on(tmp_path: Path, launched) -> None:
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        engine = launched(port, {}, engine=True)
+        assert engine.proc.wait(timeout=300) == 0, engine.err.read_text()[-4000:]
+    finally:
+        taken.close()
+    said = [line for line in engine.err.read_text().splitlines() if "start-up endpoint" in line]
+    why = f"cannot listen on 127.0.0.1:{port} (Address already in use)"
+    assert len(said) == 1 and said[0].endswith(f"sglang-phasetrace: no start-up endpoint: {why}"), said
