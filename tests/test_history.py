@@ -37,7 +37,7 @@ from sglang_phasetrace.tracing.reader.load import load_run
 from sglang_phasetrace.tracing.recorder import gpu, runtime
 from sglang_phasetrace.tracing.render.lanes import layout
 from sglang_phasetrace.tracing.render.run_text import status_line
-from sglang_phasetrace.tracing.verdicts import findings, watchdog
+from sglang_phasetrace.tracing.verdicts import findings, startup, watchdog
 from sglang_phasetrace.tracing.verdicts import usual as usual_
 from sglang_phasetrace.tracing.verdicts.diagnose import Thresholds
 from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog
@@ -632,6 +632,20 @@ def test_status_and_the_live_line_say_usual_times_and_the_eta(
     assert forecast is not None and forecast.late is None and forecast.starts == 3
     assert forecast.remaining_s == pytest.approx(sum(u.median for u in steps[1:]), rel=0.1)
     assert usual_.eta_text(forecast).startswith("ready in ≈ ")
+    # when, and within what: each step's p95 (3 equal starts: the same), as a wall-clock time of this host
+    assert (
+        forecast.p95_s == pytest.approx(sum(u.p95 for u in steps[1:]), rel=0.1)
+        and forecast.p95_s >= forecast.remaining_s
+    )
+    at = T0 + 200 * S - 86 * S
+    said = usual_.eta_text(forecast, at)
+    assert said.startswith("ready in ≈ ") and ", at ≈ " in said and "(p95 " in said and "; by 3 earlier starts)" in said
+    outlook = usual_.outlook(load_run(first), at, known)
+    assert outlook is not None and outlook["ready_at"] == pytest.approx(at / S + forecast.remaining_s, abs=0.01)
+    assert outlook["p95_s"] == pytest.approx(forecast.p95_s, abs=0.01) and outlook["said"] == said
+    # … which is what an orchestrator reads: the start's state carries it, and its line says it
+    state = startup.assess(load_run(first), [], at, outlook)
+    assert state.state == "starting" and state.predicted["eta_s"] == outlook["eta_s"] and state.line.endswith(said)
 
 
 def test_the_watchdog_records_a_stalled_start_at_its_first_verdict(
