@@ -33,11 +33,12 @@ from sglang_phasetrace.tracing.cli import main, preflight, preflight_plan
 from sglang_phasetrace.tracing.history import History, eta, fingerprint, live, of_run, record, store, usual
 from sglang_phasetrace.tracing.history.measure import measure
 from sglang_phasetrace.tracing.journal import records
+from sglang_phasetrace.tracing.launcher import lifecycle
 from sglang_phasetrace.tracing.reader.load import load_run
 from sglang_phasetrace.tracing.recorder import gpu, runtime
 from sglang_phasetrace.tracing.render.lanes import layout
 from sglang_phasetrace.tracing.render.run_text import status_line
-from sglang_phasetrace.tracing.verdicts import findings, startup, watchdog
+from sglang_phasetrace.tracing.verdicts import findings, startup
 from sglang_phasetrace.tracing.verdicts import usual as usual_
 from sglang_phasetrace.tracing.verdicts.diagnose import Thresholds
 from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog
@@ -668,10 +669,10 @@ def keep_at_exit_of(dog: Watchdog) -> None:
     tic = time.monotonic()
     process_state.STATE.launcher_watchdog = dog
     try:
-        watchdog.keep_at_exit()
+        lifecycle.keep_at_exit()
     finally:
         process_state.STATE.launcher_watchdog = None
-    assert time.monotonic() - tic < watchdog.EXIT_WAIT_S + 0.5
+    assert time.monotonic() - tic < lifecycle.EXIT_WAIT_S + 0.5
 
 
 def test_outcomes_the_caller_knows(tmp_path: Path) -> None:

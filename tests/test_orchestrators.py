@@ -6,10 +6,13 @@ real traced SGLang start scraped by a real Prometheus server — are in ``test_o
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -246,3 +249,40 @@ def test_a_port_in_use_is_one_warning_and_the_launch_goes_on(monkeypatch, caplog
 )  # fmt: skip
 def test_the_address_is_loopback_unless_given(value: str, addr: tuple[str, int] | None) -> None:
     assert endpoint.parse(value) == addr
+
+
+# -- small conventions: --json on every table, one frame off a terminal, no escape codes ------------------------
+
+
+def test_status_off_a_terminal_prints_one_frame_of_a_start_that_goes_on(tmp_path: Path) -> None:
+    """A script gating on ``phasetrace status RUN`` (stdout a pipe) never waits on a launch that is
+    still starting or stalled: one frame, no escape code, and the exit code says where it stands."""
+    here, now = procs.this_host(), time.time_ns()
+    Proc(tmp_path, os.getpid(), "launcher", "launcher", "launch.server", 30, host=here, now=now).write()
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TERM")}
+    tic = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "sglang_phasetrace.tracing.cli", "status", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, env={**env, "NO_COLOR": "1"},
+    )  # fmt: skip
+    assert time.monotonic() - tic < 30 and "launcher" in out.stdout, out
+    assert "\x1b" not in out.stdout + out.stderr
+
+
+def test_every_verb_that_prints_a_table_has_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    Proc(tmp_path, 99, "launcher", "launcher", "launch.server").phase("launch.wait_ranks", 20).write()
+    Proc(tmp_path, 100, "rank", "tp0", "rank").phase("model.load_weights", 30).write()
+    assert main(["timeline", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    lanes = {lane["label"]: lane for lane in doc["lanes"]}
+    assert set(lanes) == {"launcher", "tp0"}
+    assert [p["phase"] for p in lanes["tp0"]["phases"]] == ["rank", "model.load_weights"]
+    assert lanes["tp0"]["phases"][1]["end_s"] is None and lanes["tp0"]["phases"][1]["status"] == "open"
+    from sglang_phasetrace.tracing.cli import commands
+
+    tables = {"status", "timeline", "compare", "history", "doctor", "probe"}
+    for verb in commands():
+        if verb.name in tables:
+            parser = argparse.ArgumentParser()
+            verb.add_arguments(parser)
+            assert any("--json" in a.option_strings for a in parser._actions), verb.name

@@ -46,7 +46,7 @@ class ProcessState:
     collectives: Any = None  # recorder.collectives: the collective each thread is in, counts
     collector: Any = None  # recorder.exporters: is the OTLP collector answering
     metrics: Any = None  # recorder.metrics: heartbeats as OTLP metrics (False: not here)
-    launcher_watchdog: Any = None  # verdicts.watchdog.start_in_launcher() (a launcher only)
+    launcher_watchdog: Any = None  # launcher.lifecycle.start() (a launcher only)
     history: Any = None  # history.store.memory(): what this process read of the history (readers only)
     exit_hook: bool = False  # recorder.lifecycle: the atexit flush is registered in this process
     stack_dump: StackDump | None = None  # recorder.stackdump.arm: faulthandler's registration here

@@ -49,9 +49,9 @@ class Status:
     description = f"""\
 Show where every process of a run is: its current phase and for how long, the age of its last
 heartbeat, progress, CPU/memory/GPU figures when the heartbeat carries them, and a stall
-verdict (the watchdog's diagnosis, else a fresh analysis). Refreshes until every rank is ready
-or has stopped; --once prints one frame. Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one
-failed, so scripts can poll it:
+verdict (the watchdog's diagnosis, else a fresh analysis). On a terminal it refreshes until every
+rank is ready or has stopped; --once, or an output that is not a terminal, prints one frame.
+Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one failed, so scripts can poll it:
 
   phasetrace status RUN_DIR --once || echo "startup is in trouble"
   phasetrace status RUN_DIR --once --json | jq '.ranks[] | select(.state != "ready")'
@@ -134,7 +134,7 @@ failed, so scripts can poll it:
                 )
                 return exit_code(rows, found)
             console = make_console()
-            if args.once or finished(rows):
+            if args.once or finished(rows) or not console.is_terminal:  # a script reads one frame, never waits
                 console.print(shown)
                 return exit_code(rows, found)
         finally:

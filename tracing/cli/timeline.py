@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from ..render.jsonout import dumps
 from ..render.lanes import layout
-from ..render.timeline_text import render_timeline
-from .command import RUN_DIRS_HELP, make_console, open_run, print_lines
+from ..render.timeline_text import render_timeline, timeline_json
+from .command import RUN_DIRS_HELP, make_console, open_run, print_lines, write_output
 
 
 class Timeline:
@@ -32,9 +33,14 @@ capitals; a phase that never ended (still running, or the process died there) en
             help="phase levels below each process root to draw, one row each (default 1; 0 draws the roots)",
         )
         parser.add_argument("--width", type=int, metavar="COLS", help="chart width (default: the terminal's)")
+        parser.add_argument("--json", action="store_true", help="each process's phases as one JSON document")
 
     def run(self, args: argparse.Namespace) -> int:
         depth = max(0, args.depth)
+        if args.json:
+            lay = layout(open_run(*args.run_dirs), depth=depth)
+            write_output(dumps(timeline_json(lay, depth)) + b"\n", None)
+            return 0
         lay = layout(open_run(*args.run_dirs, split=True), depth=depth)  # each lane's rows drawn where it was read
         console = make_console(args.width)
         print_lines(console, render_timeline(lay, width=console.width, depth=max(0, args.depth)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from rich.text import Text
 
@@ -168,3 +169,34 @@ def render_timeline(lay: Layout, width: int = 100, depth: int = 1) -> list[Text]
             line += Text(f"  open in {shown}{' …' if len(item.open_in) > 4 else ''}", style="red")
         lines.append(line)
     return lines
+
+
+def timeline_json(lay: Layout, depth: int) -> dict[str, Any]:
+    """``timeline --json``: the chart's data, seconds from the run's first span: per process, its
+    phases down to ``depth`` (start, end: null while open, status)."""
+    return {
+        "run": str(lay.run.path),
+        "start_ns": lay.start,
+        "seconds": round(lay.seconds, 6),
+        "lanes": [
+            {
+                "label": lane.label,
+                "role": lane.proc.role,
+                "pid": lane.proc.pid,
+                "host": lane.proc.host,
+                "state": lane.state,
+                "phases": [
+                    {
+                        "phase": b.key,
+                        "depth": b.depth,
+                        "start_s": round(lay.rel(b.span.start), 6),
+                        "end_s": None if b.open else round(lay.rel(b.end), 6),
+                        "status": b.span.status,
+                    }
+                    for b in lane.bars
+                    if b.depth <= depth
+                ],
+            }
+            for lane in lay.lanes
+        ],
+    }
