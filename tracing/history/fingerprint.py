@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import keys
+from ..procs import this_host
 from ..reader.run import ProcessRec, RunView
 from ..redact import redact
 
@@ -184,7 +185,7 @@ def of_run(run: RunView) -> Fingerprint | None:
                 chosen[name] = redact(args[name], name)
     draft = args.get("speculative_draft_model_path")
     resource = _resource(procs)
-    here = any(p.host == _this_host() for p in procs)
+    here = any(p.host == this_host() for p in procs)
     sglang = resource.get(keys.SGLANG_VERSION)
     kind = args.get("device") if isinstance(args.get("device"), str) else None
     hashed = keys.MODEL_CONFIG in attrs or keys.DRAFT_MODEL_CONFIG in attrs or attrs.get(keys.PHASE) == LAUNCHED
@@ -296,12 +297,6 @@ def _devices(layout: dict[str, Any], args: dict[str, Any]) -> int | None:
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _this_host() -> str:
-    from ..procs import this_host
-
-    return this_host()
 
 
 @lru_cache(maxsize=8)

@@ -34,7 +34,6 @@ Progress is any phase begin/end/event, collective, or a heartbeat whose phase pr
 from __future__ import annotations
 
 import re
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +42,7 @@ import msgspec
 
 from .. import keys
 from ..journal.waits_on import MAX_EVIDENCE
+from ..procs import this_host
 from ..reader.run import ProcessRec, RunView, where_detail
 from .evidence import Evidence, cause_key, from_builtins, labels_text, phrase, shared_cause
 
@@ -160,10 +160,6 @@ def evidence_clause(procs: list[ProcessRec], read: Read | None) -> tuple[str, di
     if shared is not None and len(shared.labels) == len(shown):
         return shared.text, found
     return "; ".join(f"{label} {said(ev)}" for label, ev in shown.items()), found
-
-
-def this_host() -> str:
-    return socket.gethostname()
 
 
 def os_state(proc: ProcessRec) -> str:

@@ -58,9 +58,12 @@ def _holds(run: RunView, finding: Finding) -> bool:
 
 
 def running(proc: ProcessRec) -> bool:
-    """The journal's process runs on this host now (the same process, where its start is recorded)."""
+    """The journal's process runs on this host now, as the same process (pid, and its start time and
+    boot where the journal records them): whether it is gone, never whether it may be signalled
+    (``watchdog.pinned``). Another node's report is never running here."""
     return (
-        proc.host == procs.this_host()
+        proc.remote is None
+        and proc.host == procs.this_host()
         and procs.alive(proc.pid)
         and (proc.start_ticks is None or procs.same_process(proc.pid, proc.host, proc.start_ticks, proc.boot_id))
     )

@@ -33,22 +33,12 @@ from . import evidence, postmortem, startup, usual
 from . import stack_requests as stacks
 from .diagnose import PREFIX, VERDICT, Finding, Thresholds, said, suspects
 from .evidence.ranks import RankReader
-from .findings import live
+from .findings import live, running
 
 log = logging.getLogger("sglang_phasetrace")
 MAX_STACKS = 8
 STOP_LOOK_S = 0.5  # after a death is seen, when the pass looks again for the rest of a stop
 EXIT_WAIT_S = 1.0  # the longest an exiting launcher waits for its start to be recorded (``history.keeper``)
-
-
-def running(proc: ProcessRec) -> bool:
-    """The journal's process is running on this host now, as the same process (pid, start time,
-    boot): whether it is gone, not whether it may be signalled (``pinned``)."""
-    return (
-        proc.remote is None
-        and procs.same_process(proc.pid, proc.host, proc.start_ticks, proc.boot_id)
-        and procs.alive(proc.pid)
-    )
 
 
 def pinned(proc: ProcessRec) -> procs.Pinned | None:
@@ -185,7 +175,7 @@ class Watchdog:
                 continue
             if proc.host != procs.this_host():
                 continue
-            if procs.alive(proc.pid) and (proc.start_ticks is None or running(proc)):
+            if running(proc):
                 continue
             ended = procs.child_ended(proc.pid)  # the launcher is the ranks' parent
             self.gone[proc.pid], found = ended, True
