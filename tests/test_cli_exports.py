@@ -231,7 +231,7 @@ def test_collector_down_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureF
 @pytest.mark.skipif(not shutil.which("bash"), reason="needs bash")
 def test_install_script_installs_what_is_missing_and_then_nothing(tmp_path: Path) -> None:
     """scripts/install-test-tools.sh run twice against stand-ins for apt-get, sudo and the venv's
-    python that log each call: the first run installs both tools, the second finds them and runs
+    python that log each call: the first run installs the tools, the second finds them and runs
     no installer (nothing is downloaded: the stand-ins only create what an install would)."""
     script = Path(__file__).resolve().parents[1] / "scripts" / "install-test-tools.sh"
     assert script.is_file() and os.access(script, os.X_OK)
@@ -243,7 +243,8 @@ def test_install_script_installs_what_is_missing_and_then_nothing(tmp_path: Path
     stand_ins = {
         bin_dir / "sudo": 'exec "$@"',
         bin_dir / "apt-get": f'echo "apt-get $*" >> {log}\n'
-        f'case " $* " in *" install "*) printf "#!/bin/sh\\n" > {bin_dir}/chromium; chmod +x {bin_dir}/chromium;; esac',
+        f'case " $* " in *" install "*) for t in chromium prometheus; do printf "#!/bin/sh\\n" > {bin_dir}/$t; '
+        f"chmod +x {bin_dir}/$t; done;; esac",
         venv / "bin" / "python": f'if [ "$1" = -m ]; then echo "python $*" >> {log}; touch {venv}/rotel; exit 0; fi\n'
         f"[ -f {venv}/rotel ]",  # the script's "is rotel-agent there" check
     }
@@ -257,10 +258,11 @@ def test_install_script_installs_what_is_missing_and_then_nothing(tmp_path: Path
     assert first.returncode == 0, first.stderr
     assert log.read_text().splitlines() == [
         "apt-get update -q",
-        "apt-get install -y -q --no-install-recommends chromium",
+        "apt-get install -y -q --no-install-recommends chromium prometheus",
         "python -m pip install -q rotel",
     ]
     again = subprocess.run([bash, str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0, again.stderr
     assert len(log.read_text().splitlines()) == 3, "the second run installed something again"
     assert "chromium: present" in again.stdout and "rotel: present" in again.stdout
+    assert "prometheus: present" in again.stdout

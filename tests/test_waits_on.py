@@ -43,7 +43,8 @@ from sglang_phasetrace.tracing.verdicts.evidence.ranks import RankReader
 from sglang_phasetrace.tracing.verdicts.evidence.values import Child, Evidence, FileLock, MainWait, Socket
 from sglang_phasetrace.tracing.verdicts.findings import by_process, from_record
 from sglang_phasetrace.tracing.verdicts.node_snapshot import Snapshot
-from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog, diagnosis_record
+from sglang_phasetrace.tracing.verdicts.voice import diagnosis_record
+from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog
 
 S = 1_000_000_000
 PLANT = '''

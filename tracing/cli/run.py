@@ -26,14 +26,12 @@ from ..history.store import record
 from ..journal.writer import JournalWriter
 from ..reader.run import RunView
 from ..redact import printable
-from ..render import verdict
 from ..render.lanes import Layout, layout
 from ..render.run_text import status_line, summary
 from ..render.verdict import rank_lanes
-from ..verdicts import hints, postmortem, usual
-from ..verdicts.diagnose import Finding
+from ..verdicts import postmortem, usual, voice
+from ..verdicts.diagnose import PREFIX, Finding
 from ..verdicts.findings import ENDED, alarms, by_process, findings, gone_ranks, recorded, running
-from ..verdicts.watchdog import PREFIX, diagnosis_record
 from .command import CommandError, own_journal, report_problems, where
 from .env import hooks_dir
 from .export import export_file
@@ -362,19 +360,17 @@ Returns the command's exit code.
         watchdog prints it. With ``defer`` (a launcher's watchdog will say it) print nothing and
         return whether some verdict is still unsaid."""
         said = recorded(view) | self.spoken
-        unsaid = [f for f in alarms(found) if f.kind != "unknown" and (f.pid, verdict.word(f)) not in said]
+        unsaid = [f for f in alarms(found) if f.kind != "unknown" and (f.pid, voice.word(f)) not in said]
         if defer or not unsaid:
             return bool(unsaid)
         self.line.clear()
+        hints_said = self.__dict__.setdefault("hints_said", set())
         for f in unsaid:
-            self.spoken.add((f.pid, verdict.word(f)))
-            print(printable(verdict.said(f)), file=sys.stderr, flush=True)
-            for hint in hints.for_finding(f, view):  # a known fix, after the verdict, never as one
-                print(printable(f"{PREFIX} {hint}"), file=sys.stderr, flush=True)
-            self.record(view, f)
+            self.spoken.add((f.pid, voice.word(f)))
+            voice.speak(f, sys.stderr, lambda record: self.record(view, record), view, hints_said)
         return False
 
-    def record(self, view: RunView, finding: Finding) -> None:
+    def record(self, view: RunView, record: dict[str, Any]) -> None:
         """A ``diagnosis`` record in this process's own journal of the run, as the watchdog writes
         one: the report and later readers keep the verdict once the ranks are gone, and nobody
         says it again. A run directory we cannot write: said once, the verdict is printed anyway."""
@@ -392,7 +388,7 @@ Returns the command's exit code.
                 )
                 return
         if self.journal is not None:
-            self.journal.write(diagnosis_record(finding))
+            self.journal.write(record)
 
     def finish(self, lay: Layout, found: list[Any], quiet: bool = False) -> None:
         """Print the summary; write the report and exports; print their paths."""

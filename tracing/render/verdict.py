@@ -9,7 +9,8 @@ from typing import Any
 
 from ..redact import redact_text
 from ..verdicts import evidence
-from ..verdicts.diagnose import PREFIX, VERDICT, Finding
+from ..verdicts.diagnose import Finding
+from ..verdicts.voice import line, word
 from .lanes import DONE, Bar, Lane, Layout
 from .units import duration
 
@@ -22,21 +23,6 @@ STATE = {
     "slow": "slow",
     "unusual": "unusual",  # a notice (``verdicts.usual``): past every earlier start of its launch
 }
-
-
-def word(finding: Finding) -> str:
-    """``STALL``, ``DIED``, ``FAILED``, ``NOT STARTED`` (alarms) or ``NOTICE``, as the watchdog says it."""
-    return VERDICT.get(finding.kind, "STALL") if finding.alarm else "NOTICE"
-
-
-def line(finding: Finding) -> str:
-    """``STALL rank tp1 (pid 4242) is blocked in 'x' for 12 s (…): tp0 waits in barrier #3 …``."""
-    return f"{word(finding)} {redact_text(finding.message)}"
-
-
-def said(finding: Finding) -> str:
-    """The line as the watchdog prints it, prefix included (callers make it terminal-safe)."""
-    return f"{PREFIX} {line(finding)}"
 
 
 def state(finding: Finding) -> str:

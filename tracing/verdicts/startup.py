@@ -18,8 +18,8 @@ import orjson
 
 from .. import procs
 from ..reader.run import ProcessRec, RunView
-from ..redact import redact_text
-from .diagnose import PREFIX, VERDICT, Finding
+from . import voice
+from .diagnose import PREFIX, Finding
 from .findings import alarms, by_process
 
 NS = 1_000_000_000
@@ -61,11 +61,6 @@ class Startup:
         return {**asdict(self), "code": self.code}
 
 
-def said(f: Finding) -> str:
-    """A verdict's first line as the watchdog prints it (one voice), redacted."""
-    return redact_text(f"{PREFIX} {VERDICT.get(f.kind, 'STALL')} {f.message}")
-
-
 def _state_of(f: Finding) -> str:
     return {"died": "failed", "failed": "failed", "stopped": "stopped", "not_started": "not_started"}.get(
         f.kind, "stalled"
@@ -95,11 +90,11 @@ def assess(
     standing = alarms(found)
     verdict_of = by_process(run, found)
     out.processes = [_row(p, verdict_of.get(p.pid), now) for p in procs if p.role != "watchdog"]
-    out.verdicts = [{"kind": f.kind, "label": f.label, "phase": f.phase, "line": said(f)} for f in standing]
+    out.verdicts = [{"kind": f.kind, "label": f.label, "phase": f.phase, "line": voice.said(f)} for f in standing]
     launchers = [p for p in procs if p.role == "launcher"]
     gone = [p for p in launchers if alive is not None and not alive.get(p.pid, True)]
     if standing:
-        out.state, out.line = _state_of(standing[0]), said(standing[0])
+        out.state, out.line = _state_of(standing[0]), voice.said(standing[0])
     elif _served(run):
         out.state = "ended" if gone else "serving"
         out.line = f"{PREFIX} the launch {'served, then ended' if gone else 'serves'}"

@@ -29,9 +29,9 @@ from ..journal.layout import STARTUP_FILE
 from ..reader.run import ProcessRec, RunView
 from ..recorder import metrics, otlp, runtime
 from ..redact import printable, redact_text
-from . import evidence, postmortem, startup, usual
+from . import evidence, postmortem, startup, usual, voice
 from . import stack_requests as stacks
-from .diagnose import PREFIX, VERDICT, Finding, Thresholds, said, suspects
+from .diagnose import PREFIX, Finding, Thresholds, said, suspects
 from .evidence.ranks import RankReader
 from .findings import live, running
 
@@ -192,18 +192,7 @@ class Watchdog:
         if finding.alarm and finding.kind not in ("died", "failed", "stopped"):
             finding.stacks = [] if self.quick else self.take_stacks(involved, finding)
             self._native_frame(finding, involved)
-        word = VERDICT.get(finding.kind, "STALL") if finding.alarm else "NOTICE"
-        line = f"{PREFIX} {word} {finding.message}"
-        if finding.stacks:
-            line += f"; stacks: {', '.join(finding.stacks)}"
-        if self.record is not None:  # first: whoever saw the line finds the record in the journal
-            self.record(diagnosis_record(finding))
-        print(printable(line), file=self.out, flush=True)
-        from .hints import for_finding
-
-        for hint in (h for h in for_finding(finding, self.run) if h not in self.hints_said):
-            self.hints_said.add(hint)
-            print(printable(f"{PREFIX} {hint}"), file=self.out, flush=True)
+        voice.speak(finding, self.out, self.record, self.run, self.hints_said)
         if not self.quick:
             self._export(finding, involved)
 
@@ -329,22 +318,6 @@ class Watchdog:
                     self.failed = True
                     log.warning("sglang-phasetrace: watchdog pass failed: %r", exc)
             self.stop.wait(min(self.thresholds.heartbeat_s, 5.0))
-
-
-def diagnosis_record(finding: Finding) -> dict[str, Any]:
-    """The ``diagnosis`` journal record of a verdict (its message redacted), whoever said it."""
-    return records.diagnosis(
-        time.time_ns(),
-        finding.kind,
-        finding.label,
-        finding.pid,
-        finding.phase,
-        round(finding.since_s, 3),
-        redact_text(finding.message),
-        finding.waiting,
-        finding.stacks,
-        evidence=finding.evidence or None,
-    )
 
 
 def _float_env(name: str) -> float | None:
