@@ -77,7 +77,7 @@ class Counting:
 
 
 def connect(node: int, nnodes: int, port: int) -> tuple[Any, Counting]:
-    from sglang_phasetrace.tracing.verdicts.relay import Relay
+    from sglang_phasetrace.tracing.channel.relay import Relay
 
     relay = Relay(f"127.0.0.1:{port}", node, nnodes, timeout_s=5.0, warn=print)
     if not any(relay.connect() for _ in range(5)):  # torch's client now and then needs a second try
@@ -174,7 +174,7 @@ class Node:
 
     def tick(self) -> bytes:
         """The next beat's payload: new ``seq``/``now``, each process's heartbeats moved on."""
-        from sglang_phasetrace.tracing.verdicts.relay import encode
+        from sglang_phasetrace.tracing.channel.relay import encode
 
         self.seq += 1
         now = time.time_ns()
@@ -246,8 +246,8 @@ def decode_validate_after(data: bytes) -> int:
     the journal's ``schema.validate`` refuses gets through), then the records as the dicts readers
     use (``crossnode.remote_processes``)."""
     import msgspec
-    from sglang_phasetrace.tracing.verdicts.node_snapshot import Snapshot
-    from sglang_phasetrace.tracing.verdicts.relay import decode
+    from sglang_phasetrace.tracing.channel.node_snapshot import Snapshot
+    from sglang_phasetrace.tracing.channel.relay import decode
 
     return sum(len(msgspec.to_builtins(entry.records)) for entry in decode(data, Snapshot).procs)
 
@@ -266,8 +266,8 @@ def decode_validate(payloads: list[bytes], repeat: int = 7) -> tuple[float, floa
 
 
 def run(nnodes: int, args: argparse.Namespace) -> dict[str, Any]:
-    from sglang_phasetrace.tracing.verdicts.node_snapshot import Snapshot
-    from sglang_phasetrace.tracing.verdicts.relay import decode
+    from sglang_phasetrace.tracing.channel.node_snapshot import Snapshot
+    from sglang_phasetrace.tracing.channel.relay import decode
 
     p = port()
     master = subprocess.Popen([sys.executable, "-c", MASTER, str(p)], stdout=subprocess.PIPE, text=True)

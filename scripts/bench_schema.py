@@ -20,7 +20,7 @@ rounds after one that warms up; the attrs caches are emptied before each round, 
   through ``all_valid`` and ``trim``: the part the rewrite changed most;
 - ``validate``: ``validate`` record by record (a chunk holding a bad line; status files);
 - ``snapshot``: one node's snapshot of 64 ranks decoded as node 0 decodes it
-  (``verdicts.node_snapshot.Snapshot``, whose record types are now derived from the schema's).
+  (``channel.node_snapshot.Snapshot``, whose record types are now derived from the schema's).
 
 The script's own copies of the records are frozen out of the garbage collector's way (``gc.freeze``).
 
@@ -43,10 +43,10 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from sglang_phasetrace.tracing.channel.node_snapshot import Snapshot
 from sglang_phasetrace.tracing.journal import reader, records
 from sglang_phasetrace.tracing.journal import schema as new_schema
 from sglang_phasetrace.tracing.journal.writer import dumps
-from sglang_phasetrace.tracing.verdicts.node_snapshot import Snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "sglang_phasetrace.tracing.journal"
@@ -197,7 +197,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     old = head_module("tracing/journal/schema.py", PACKAGE)
-    old_snapshot = head_module("tracing/verdicts/node_snapshot.py", "sglang_phasetrace.tracing.verdicts")
+    old_snapshot = head_module("tracing/channel/node_snapshot.py", "sglang_phasetrace.tracing.verdicts")
     schemas = {"old": old, "new": new_schema}
     with tempfile.TemporaryDirectory() as tmp:
         paths, journals = write_run(Path(tmp), args.ranks, args.spans, args.beats)

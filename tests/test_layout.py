@@ -23,6 +23,7 @@ LAYERS = (
     ("tracing.journal",),
     ("tracing.recorder",),
     ("tracing.reader",),
+    ("tracing.channel",),
     ("tracing.history",),
     ("tracing.verdicts",),
     ("tracing.render",),
@@ -35,6 +36,7 @@ LAYERS = (
 )
 READER_SIDE = (
     "tracing.reader",
+    "tracing.channel",
     "tracing.verdicts",
     "tracing.history",
     "tracing.render",

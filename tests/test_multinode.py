@@ -25,13 +25,13 @@ import pytest
 from conftest import HOOKS, ROOT, free_port, hook_env, kill_group, requires_sglang
 from otlp_receiver import OtlpReceiver
 from sglang_phasetrace.tracing import keys
+from sglang_phasetrace.tracing.channel import crossnode, relay
+from sglang_phasetrace.tracing.channel.node_snapshot import Snapshot
 from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.reader.load import load_run
 from sglang_phasetrace.tracing.reader.run import RunView
 from sglang_phasetrace.tracing.recorder import launch
-from sglang_phasetrace.tracing.verdicts import crossnode, relay
 from sglang_phasetrace.tracing.verdicts.diagnose import Thresholds, analyze
-from sglang_phasetrace.tracing.verdicts.node_snapshot import Snapshot
 from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog
 from test_relay import MALFORMED, MASTER, spawn, stop, up
 

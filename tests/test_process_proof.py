@@ -27,10 +27,10 @@ from pathlib import Path
 
 import pytest
 from sglang_phasetrace.tracing import keys, process_state, procs
+from sglang_phasetrace.tracing.channel import crossnode
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.reader.run import RunView
-from sglang_phasetrace.tracing.verdicts import crossnode
 from sglang_phasetrace.tracing.verdicts.diagnose import Thresholds
 from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import msgspec
 import pytest
 from conftest import free_port, kill_group
+from sglang_phasetrace.tracing.channel import crossnode
+from sglang_phasetrace.tracing.channel.node_snapshot import Launch, Record, Snapshot
+from sglang_phasetrace.tracing.channel.relay import DECODE_LIMIT, LAUNCH_KEY, PREFIX, Relay, decode, encode, parse_addr
 from sglang_phasetrace.tracing.journal import schema
 from sglang_phasetrace.tracing.recorder import launch
-from sglang_phasetrace.tracing.verdicts import crossnode
-from sglang_phasetrace.tracing.verdicts.node_snapshot import Launch, Record, Snapshot
-from sglang_phasetrace.tracing.verdicts.relay import DECODE_LIMIT, LAUNCH_KEY, PREFIX, Relay, decode, encode, parse_addr
 from test_bad_records import BAD, VALID, broken, line
 
 pytestmark = pytest.mark.timeout(120)

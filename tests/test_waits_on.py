@@ -32,17 +32,18 @@ import msgspec
 import pytest
 from conftest import HOOKS, ROOT, hook_env, kill_group, requires_sglang
 from sglang_phasetrace.tracing import procs
+from sglang_phasetrace.tracing.channel import crossnode, relay
+from sglang_phasetrace.tracing.channel.node_snapshot import Snapshot
 from sglang_phasetrace.tracing.journal import records, schema
 from sglang_phasetrace.tracing.reader.load import load_run
 from sglang_phasetrace.tracing.reader.run import RunView
-from sglang_phasetrace.tracing.verdicts import crossnode, evidence, hints, relay
+from sglang_phasetrace.tracing.verdicts import evidence, hints
 from sglang_phasetrace.tracing.verdicts.diagnose import Finding, Thresholds, analyze
 from sglang_phasetrace.tracing.verdicts.evidence import ranks as ranks_mod
 from sglang_phasetrace.tracing.verdicts.evidence import words
 from sglang_phasetrace.tracing.verdicts.evidence.ranks import RankReader
 from sglang_phasetrace.tracing.verdicts.evidence.values import Child, Evidence, FileLock, MainWait, Socket
 from sglang_phasetrace.tracing.verdicts.findings import by_process, from_record
-from sglang_phasetrace.tracing.verdicts.node_snapshot import Snapshot
 from sglang_phasetrace.tracing.verdicts.voice import diagnosis_record
 from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog
 

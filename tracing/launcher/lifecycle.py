@@ -57,7 +57,7 @@ def _join_nodes(
     trace = runtime.hexid(root.get_span_context().trace_id, 32) if root is not None else None
     if trace is None or rt.run_dir is None:
         return
-    from ..verdicts import crossnode
+    from ..channel import crossnode
 
     th = dog.thresholds
     cross = crossnode.CrossNode(node, rt.run_dir, trace, min(th.heartbeat_s, 5.0), th.silent_s + th.heartbeat_s)

@@ -1,7 +1,7 @@
 """Which launch this process belongs to: the identity every node of a multi-node launch shares
 (from the environment, or node 0's trace id agreed at the rendezvous: ``RUN_DIR/launch.json``), and
 this node's place in it. Runs in every traced process; the cross-node channel that agrees on it and
-carries node snapshots is ``verdicts.crossnode``, in the launcher only."""
+carries node snapshots is ``channel.crossnode``, in the launcher only."""
 
 from __future__ import annotations
 
