@@ -335,6 +335,6 @@ def line(pattern: Pattern) -> str:
 
 def for_finding(finding: Finding, run: RunView | None = None) -> list[str]:
     """The hint lines to print after the verdict line of ``finding`` (zero or one), without the
-    ``sglang-phasetrace:`` prefix, as ``render.verdict.line`` returns the verdict."""
+    ``sglang-phasetrace:`` prefix, as ``verdicts.voice.line`` returns the verdict."""
     pattern = match(finding, run)
     return [line(pattern)] if pattern is not None else []
