@@ -376,18 +376,25 @@ def _quoted_hit(text: str, pos: int, quote: str, end: int, after: int, head: str
     return pos, after, f"{head}{quote}{REDACTED}{closing}"
 
 
-def _text_secret(key: str, quoted: bool = False) -> bool:
-    """A key that names a secret in text: not one that only a structured value's key is
-    (``_STRUCTURED_ONLY``), nor, unquoted, one that prose uses (``_BARE_PROSE``)."""
-    if not is_secret_key(key):
-        return False
-    whole = "_".join(_words(key))
+def _in_text(key: str, quoted: bool = False) -> bool:
+    """A secret's key (``is_secret_key``) names one in text too: not one that only a structured
+    value's key is (``_STRUCTURED_ONLY``), nor, unquoted, one that prose uses (``_BARE_PROSE``)."""
+    if len(key) > 12:  # longer than any of those, however spelled
+        return True
+    whole = _joined(key)
     return whole not in _STRUCTURED_ONLY and (quoted or whole not in _BARE_PROSE)
+
+
+@functools.lru_cache(maxsize=4096)
+def _joined(key: str) -> str:
+    return "_".join(_words(key))
 
 
 def _pair_value(m: re.Match, text: str) -> _Hit:
     key = m["key"]
-    secret = _text_secret(key, bool(m["kq"])) or (m["pre"] is not None and is_secret_key(f"{m['pre']}_{key}"))
+    secret = (is_secret_key(key) and _in_text(key, bool(m["kq"]))) or (
+        m["pre"] is not None and is_secret_key(f"{m['pre']}_{key}")
+    )
     if not secret or _HEADER_NAMES.fullmatch(key):
         return None
     pos = m.end()
@@ -435,7 +442,7 @@ def _flag_value(m: re.Match, text: str) -> _Hit:
         if colon < 0 or not secret or secret == REDACTED or secret.isdigit():  # ``-u 1000:1000`` is a uid:gid
             return None
         return pos + colon + 1, value.end(), REDACTED
-    if not _text_secret(key) or text.startswith(REDACTED, pos):
+    if not (is_secret_key(key) and _in_text(key)) or text.startswith(REDACTED, pos):
         return None
     quoted = _quoted(text, pos)
     if quoted is not None:
@@ -449,7 +456,7 @@ def _flag_value(m: re.Match, text: str) -> _Hit:
 
 
 def _argv_value(m: re.Match, text: str) -> _Hit:
-    if not _text_secret(m["key"]):
+    if not (is_secret_key(m["key"]) and _in_text(m["key"])):
         return None
     pos = m.start("q2")
     quoted = _quoted(text, pos)
@@ -521,7 +528,10 @@ def _go_dsns(text: str) -> str:
 # A cheap first look: text with no separator, flag or header word (most attribute values) has no pair.
 _STRUCTURE_HINT = re.compile(rf"[{_SEP_CHARS}@]|-----BEGIN|(?<![\w-])--?[A-Za-z]|(?i:bearer|basic|cookie)")
 _KEEP_HEAD = _keep("head")
-_PROSE_HINT = re.compile(r"(?i)token|passw|passphrase|secret|key")
+# What ``_PROSE_KEY`` cannot match without (most text, ``max_total_tokens=4096`` too, holds none).
+_PROSE_WORDS = tuple(
+    f"{w}{gap}" for w in ("token", "password", "passwd", "passphrase", "secret", "apikey", "key") for gap in " \t"
+)
 
 
 def _redact(text: str) -> str:
@@ -540,7 +550,8 @@ def _redact(text: str) -> str:
         text = _scan(_FLAG_KEY, text, _flag_value)
         text = _scan(_PAIR_KEY, text, _pair_value)
         text = _scan(_QUERY_KEY, text, _query_value)
-    if _PROSE_HINT.search(text):
+    lower = text.lower()
+    if any(word in lower for word in _PROSE_WORDS):  # a secret's name, then a space or a tab
         text = _scan(_PROSE_KEY, text, _prose_value)
     if _ANY_TOKEN_HINT.search(text):
         for hints, pattern in _TOKENS:
