@@ -37,6 +37,7 @@ SHAPES = {
     '"a": ': '"a": ',
     "?://@tcp(aeyJ": "?://@tcp(aeyJ",
     "@'sk-}0": "@'sk-}0",
+    "token aB (prose)": "token aB",
     "log line": "INFO rank tp0 loaded /models/m-00001.safetensors in 2.1 s, max_total_tokens=4096\n",
 }
 PREFIX = {"a. (after x=1)": "x=1 ", "-a. (after x=1)": "x=1 ", "backslashes": "="}

@@ -11,10 +11,13 @@ import errno
 import json
 import logging
 import os
+import pwd
+import shutil
 import stat
 import subprocess
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -212,6 +215,149 @@ def test_a_sticky_shared_base_is_used(trace_run_dir: Path, tmp_path: Path, monke
     monkeypatch.setenv("SGLANG_PHASETRACE_RUN_DIR", str(base / "run"))
     assert all(run_phases(2))
     assert stat.S_IMODE((base / "run").stat().st_mode) == 0o700
+
+
+# -- a base another user can write in (/tmp): this user's runs and history in a private subdirectory --
+
+
+@pytest.fixture
+def other_user() -> tuple[int, int]:
+    """A second user (``nobody``, else one ``useradd`` makes): its uid and gid. Needs root."""
+    if os.geteuid() != 0:
+        pytest.skip("planting files as a second user needs root (setuid)")
+    for attempt in range(2):
+        try:
+            pw = pwd.getpwnam("nobody")
+            return pw.pw_uid, pw.pw_gid
+        except KeyError:
+            if attempt == 0:
+                subprocess.run(["useradd", "--no-create-home", "nobody"], capture_output=True, timeout=30)
+    pytest.skip("no second user, and useradd could not make one")
+
+
+def as_user(user: tuple[int, int], act: Callable[[], None]) -> None:
+    """``act()`` in a forked child that runs as ``user`` (its files are that user's)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(user[1])
+            os.setuid(user[0])
+            act()
+            code = 0
+        finally:
+            os._exit(code)
+    assert os.waitpid(pid, 0)[1] == 0, "the second user's planting failed"
+
+
+@pytest.fixture
+def shared_base() -> Iterator[Path]:
+    """A directory like ``/tmp``: root's, mode 1777, reachable by every user."""
+    base = Path(tempfile.mkdtemp(prefix="phasetrace-shared-", dir="/tmp"))
+    os.chmod(base, 0o1777)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+PLANTED = ("history.sqlite", "history.sqlite-wal", "history.sqlite-shm")
+
+
+def plant_history(user: tuple[int, int], where: Path) -> None:
+    """The second user's ``history.sqlite`` and SQLite's ``-wal``/``-shm`` beside it, mode 0666."""
+
+    def plant() -> None:
+        for name in PLANTED:
+            fd = os.open(where / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            os.write(fd, b"planted by another user " + name.encode())
+            os.fchmod(fd, 0o666)
+            os.close(fd)
+
+    as_user(user, plant)
+
+
+def still_planted(user: tuple[int, int], where: Path) -> bool:
+    return all(
+        (where / n).read_bytes() == b"planted by another user " + n.encode() and (where / n).stat().st_uid == user[0]
+        for n in PLANTED
+    )
+
+
+def test_a_shared_base_keeps_runs_and_history_in_a_private_subdirectory_beside_planted_files(
+    other_user: tuple[int, int], shared_base: Path, trace_run_dir: Path, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``SGLANG_PHASETRACE_DIR=/tmp``: the second user's ``history.sqlite`` and its ``-wal``/``-shm``
+    wait there; the run directory and the history go in ``phasetrace-<uid>`` (0700, this user's)
+    and never touch them."""
+    from sglang_phasetrace.tracing.history import store, where
+    from test_history import synthetic
+
+    plant_history(other_user, shared_base)
+    monkeypatch.delenv("SGLANG_PHASETRACE_RUN_DIR")  # the default: a fresh run under the base
+    monkeypatch.delenv("SGLANG_PHASETRACE_HISTORY", raising=False)
+    monkeypatch.setenv("SGLANG_PHASETRACE_DIR", str(shared_base))
+    assert all(run_phases(2))
+    home = shared_base / files.home_name()
+    run_dir = runtime.current().run_dir
+    assert run_dir is not None and run_dir.parent == home
+    for made in (home, run_dir):
+        st = os.lstat(made)
+        assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
+    assert where.location() == home / "history.sqlite" == store.of_run_dir(run_dir)
+    assert store.of_run_dir(shared_base / "named-run") == home / "history.sqlite"  # SGLANG_PHASETRACE_RUN_DIR=/tmp/x
+
+    done = store.record(load_run(synthetic(home / "synthetic", 0)))
+    assert done is not None and done.path == home / "history.sqlite"
+    assert stat.S_IMODE(done.path.stat().st_mode) == 0o600 and done.path.stat().st_uid == os.geteuid()
+    with store.History.open(done.path) as history:
+        assert history.con is not None
+    assert still_planted(other_user, shared_base)
+    assert sorted(os.listdir(shared_base)) == sorted([home.name, *PLANTED])
+    assert warnings_of(caplog) == []
+
+
+def test_a_history_named_in_a_shared_directory_is_refused_with_one_warning(
+    other_user: tuple[int, int], shared_base: Path, tmp_path: Path, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``SGLANG_PHASETRACE_HISTORY=/tmp/history.sqlite``, the second user's files already there:
+    neither written nor read (SQLite would take their ``-wal`` as ours); one warning naming it."""
+    from sglang_phasetrace.tracing.history import store
+    from test_history import synthetic
+
+    plant_history(other_user, shared_base)
+    db = shared_base / "history.sqlite"
+    monkeypatch.setenv("SGLANG_PHASETRACE_HISTORY", str(db))
+    for i in (0, 1):
+        assert store.record(load_run(synthetic(tmp_path / f"r{i}", i))) is None
+    (said,) = warnings_of(caplog)
+    assert str(db) in said and "not used by this process" in said, said
+    with pytest.raises(store.HistoryError, match=f"will not use {db} is owned by uid {other_user[0]}"):
+        store.History.open(db)
+    ours = shared_base / "ours.sqlite"  # a history of this user's, copied there: beside it, anyone's -wal
+    assert store.record(load_run(synthetic(tmp_path / "r2", 2)), tmp_path / "h.sqlite") is not None
+    shutil.copyfile(tmp_path / "h.sqlite", ours)
+    ours.chmod(0o600)
+    with pytest.raises(store.HistoryError, match=f"{shared_base} is writable by other users"):
+        store.History.open(ours)
+    assert still_planted(other_user, shared_base)
+
+
+def test_a_second_users_directory_at_our_private_name_is_refused_with_one_warning(
+    other_user: tuple[int, int], shared_base: Path, trace_run_dir: Path, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The second user made ``phasetrace-<our uid>`` first (mode 0777, their files in it): tracing is
+    off with one warning naming it, and nothing of ours is written there."""
+    home = shared_base / files.home_name()
+    as_user(other_user, lambda: (os.mkdir(home), os.chmod(home, 0o777)))
+    plant_history(other_user, home)
+    monkeypatch.delenv("SGLANG_PHASETRACE_RUN_DIR")
+    monkeypatch.setenv("SGLANG_PHASETRACE_DIR", str(shared_base))
+    assert run_phases() == [None] * PHASES
+    (warning,) = warnings_of(caplog)
+    assert warning.startswith("sglang-phasetrace: refusing") and f"{home} is owned by uid {other_user[0]}" in warning
+    assert sorted(os.listdir(home)) == sorted(PLANTED) and still_planted(other_user, home)
 
 
 # -- unwritable or full: one warning, tracing off, nothing leaked -------------------------------------

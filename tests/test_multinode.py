@@ -322,6 +322,28 @@ def test_a_snapshot_naming_this_nodes_host_or_another_nodes_is_not_used(
     assert view.remote == {} and "loopback address" in _warned(caplog, "node-1's")[-1]
 
 
+def test_a_snapshot_naming_a_label_of_this_node_or_of_another_report_is_not_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A label names one process of the launch in verdicts, metrics and what is said once: a report of
+    another host that calls its rank ``tp0`` (this node's) or ``tp1`` (node 1's) is not used."""
+    now = time.time_ns()
+    _node(tmp_path / "n0", 0, 0, now - 60 * S, now, waits=True, host=HERE)
+    cross = crossnode.CrossNode(crossnode.Node(0, 4, "10.0.0.1:29500"), tmp_path / "n0", "1" * 32, 2.0, 10.0)
+    view = RunView(tmp_path / "n0").refresh()
+
+    def rank(node: int, tp: int, host: str) -> bytes:
+        _node(tmp_path / f"n{node}", node, tp, now - 60 * S, now, waits=False, host=host)
+        return relay.encode(crossnode.snapshot(RunView(tmp_path / f"n{node}").refresh(), node, 1, now))
+
+    cross.inbox = {1: rank(1, 1, "host1"), 2: rank(2, 0, "host2"), 3: rank(3, 1, "host3")}
+    with caplog.at_level(logging.WARNING, logger="sglang_phasetrace"):
+        assert cross.exchange(view, now) == []
+    assert {(p.label, p.remote) for p in view.ranks} == {("tp0", None), ("tp1", "node-1")}
+    assert "names 'tp0', a process of this node's (its journal's)" in _warned(caplog, "node-2's")[0]
+    assert "names 'tp1', which node-1 reported" in _warned(caplog, "node-3's")[0]
+
+
 def test_a_report_stands_in_only_for_its_own_nodes_journal(tmp_path: Path) -> None:
     """One shared run directory: node 0 reads node 1's journals too. Node 1's report replaces its own
     journal (its times are on node 0's clock); nobody's report replaces node 0's processes, and the

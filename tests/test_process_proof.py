@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from sglang_phasetrace.tracing import keys, process_state, procs
-from sglang_phasetrace.tracing.channel import crossnode
+from sglang_phasetrace.tracing.channel import crossnode, relay
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.reader.run import RunView
@@ -209,6 +209,85 @@ def test_another_nodes_snapshot_naming_a_local_process_gets_it_no_signal(tmp_pat
     time.sleep(0.3)
     assert rank.signals() == [] and launcher.signals() == [], out.getvalue()
     assert stacks_of(node0, rank.pid) == [] and stacks_of(node1, rank.pid) == []
+
+
+FORGED = "forged-host"  # a made-up host: a store writer's snapshot passes every check of its own node
+
+
+def forged_snapshot(tmp_path: Path, pid: int, role: str, now: int, silent: bool) -> bytes:
+    """What anyone who can write the launch's store can publish as node 1: one process on a made-up
+    host with ``pid`` (a local rank's), a launcher or a rank, silent for a minute or beating now."""
+    t0, label = now - 90 * S, "launcher-node1" if role == "launcher" else "tp5"
+    attrs = {keys.NODE_RANK: 1} | ({keys.TP_RANK: 5} if role == "rank" else {})
+    phase = {"launcher": keys.PHASE_LAUNCH_SERVER, "rank": "rank"}[role]
+    recs = [
+        records.process(t0, pid, 1, FORGED, "run", t0, {}),
+        records.identity(t0, label, role, attrs),
+        records.begin(t0, "d" * 16, None, "e" * 32, phase, {keys.PHASE: phase}, "MainThread"),
+        records.heartbeat(now - 60 * S if silent else now, 1, pid, label, False, 5.0, [], 0.0, 1, 1),
+    ]
+    run = tmp_path / "forged"
+    (run / "journal").mkdir(parents=True)
+    (run / "journal" / f"{FORGED}-{pid}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return relay.encode(crossnode.snapshot(RunView(run).refresh(), 1, 1, now))
+
+
+def node0_with(run: Path, snapshot: bytes, out: io.StringIO) -> Watchdog:
+    """Node 0's watchdog over ``run``, node 1's key in its store holding ``snapshot``."""
+    dog = Watchdog(run, TH, out=out, py_spy=False)
+    dog.node = 0
+    dog.crossnode = crossnode.CrossNode(crossnode.Node(0, 2, "10.0.0.1:29500"), run, "1" * 32, 2.0, 10.0)
+    dog.crossnode.inbox = {1: snapshot}
+    return dog
+
+
+def beating(pid: int, now: int) -> list[dict]:
+    """``rank_records`` with a heartbeat just now: a rank at work, nothing to say about it."""
+    return [*rank_records(pid, now)[:-1], records.heartbeat(now, 2, pid, "tp1", False, 5.0, [], 0.0, 1, 1)]
+
+
+def test_a_forged_report_sharing_a_local_ranks_pid_gets_that_rank_no_signal(tmp_path: Path, started) -> None:
+    """A made-up host's launcher, silent, with the pid of this host's working rank: its stall is said
+    (labelled with the node it claims), and nothing of this host is signalled for it."""
+    run, now = private_run(tmp_path), time.time_ns()
+    rank = started("rank", journal_dir=run / "journal", recs=beating(0, now), stacks=run / "stacks")
+    out = io.StringIO()
+    dog = node0_with(run, forged_snapshot(tmp_path, rank.pid, "launcher", now, silent=True), out)
+    [found] = dog.step(now)
+    assert (found.kind, found.label, found.stacks) == ("silent", "launcher-node1", []), out.getvalue()
+    assert found.proc is not None and (found.proc.host, found.proc.pid, found.proc.reported) == (
+        FORGED,
+        rank.pid,
+        True,
+    )
+    assert [p.label for p in dog.involved(found)] == ["launcher-node1"]
+    time.sleep(0.3)
+    assert rank.signals() == [] and (run / "stacks" / f"{procs.this_host()}-{rank.pid}.txt").read_text() == ""
+
+
+@pytest.mark.parametrize(
+    "role, silent", [("launcher", True), ("rank", False)], ids=["silent-launcher-first", "working-rank-after"]
+)
+def test_a_local_rank_stalled_gets_its_stacks_whatever_a_report_sharing_its_pid_says(
+    role: str, silent: bool, tmp_path: Path, started
+) -> None:
+    """This host's silent rank is named and its stacks taken, though a forged report names a process
+    with its pid: one judged before it (a silent launcher: named first), or one after it (a working
+    rank: the one a pid lookup would find last)."""
+    run, now = private_run(tmp_path), time.time_ns()
+    rank = started("rank", journal_dir=run / "journal", recs=rank_records(0, now), stacks=run / "stacks")
+    out = io.StringIO()
+    dog = node0_with(run, forged_snapshot(tmp_path, rank.pid, role, now, silent), out)
+    found = {f.label: f for f in dog.step(now)}
+    assert found["tp1"].kind == "silent" and rank.signals() == ["SIGUSR2"], out.getvalue()
+    own = run / "stacks" / f"{procs.this_host()}-{rank.pid}.txt"
+    assert str(own) in found["tp1"].stacks and own.read_text().startswith("Stack (most recent call first):")
+    assert found["tp1"].proc is not None and found["tp1"].proc.source == str(
+        run / "journal" / own.with_suffix(".jsonl").name
+    )
+    if silent:  # the forged one is said too, with no stacks of anyone
+        assert found["launcher-node1"].stacks == []
+    assert [p.remote for p in dog.involved(found["tp1"])] == [None]
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o770, 0o1777], ids=["world-writable", "group-writable", "sticky"])

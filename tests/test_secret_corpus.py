@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import NamedTuple
@@ -537,7 +538,88 @@ CORPUS: list[Shape] = [
         "bad",
     ),
     Shape("api-key-spaced-prose", "Secret key = spaced122value; retry", ("spaced122value",), "retry"),
+    # issue 35: shapes that survived
+    Shape(
+        "gcp-private-key-id-json",
+        '{"type": "service_account", "private_key_id": "9f3c1a7e5b2d123pkid", "client_id": "10442"}',
+        ("9f3c1a7e5b2d123pkid",),
+        '"client_id": "10442"',
+    ),
+    Shape(
+        "access-key-id-pair", "aws_access_key_id = AKID124notAKIAshape region=x", ("AKID124notAKIAshape",), "region=x"
+    ),
+    Shape(
+        "flag-value-with-a-dash",
+        "launch_server --api-key -abcSecret125 --port 30000",
+        ("abcSecret125", "-abcSecret125"),
+        "--port 30000",
+    ),
+    Shape("flag-password-with-a-dash", "mysql --password -Xy9Pw126 -h db", ("Xy9Pw126",), "-h db"),
+    Shape("prose-using-token", "Using token Tk7pQ2mZx9127 for the hub download", ("Tk7pQ2mZx9127",), "for the hub"),
+    Shape("prose-camel-token", "Using token abcSecretTok. Retrying", ("abcSecretTok",), "Retrying"),
+    Shape("prose-password", "login with password Hunter2pw128, user alice", ("Hunter2pw128",), "user alice"),
+    Shape("prose-secret-key", "signed with secret key Sk129abcDEF at boot", ("Sk129abcDEF",), "at boot"),
+    Shape("dsn-pair", "sentry_dsn=https://k130@o1.ingest.sentry.io/42 ok", ("k130",), "ok"),
+    Shape("csrftoken-pair", "csrftoken=Csrf131abcDEF; theme=dark", ("Csrf131abcDEF",), "theme=dark"),
+    Shape("session-id-json", '{"session_id": "sess132abcdef", "rid": 42}', ("sess132abcdef",), '"rid": 42'),
+    Shape(
+        "otlp-headers-env",
+        "OTEL_EXPORTER_OTLP_HEADERS=x-tenant-auth=Hdr133value env set",
+        ("Hdr133value",),
+        "env set",
+    ),
+    Shape("pass-json", '{"user": "bob", "pass": "Pass134word"}', ("Pass134word",), '"user": "bob"'),
 ]
+
+# issue 35: keys of structured values (server args, span attributes, JSON held in a string) that name
+# a secret, and their kin; every value must go
+SECRET_KEYS = {
+    "pass": "s-pass-01",
+    "db_pass": "s-pass-02",
+    "pw": "s-pw-03",
+    "user_pw": "s-pw-04",
+    "key": "s-key-05",
+    "keys": ["s-key-06", "s-key-07"],
+    "key_b": "s-key-08",
+    "sig": "s-sig-09",
+    "url_sig": "s-sig-10",
+    "dsn": "postgres://u:s-dsn-11@db/x",
+    "sentry_dsn": "https://s-dsn-12@o1.ingest.sentry.io/1",
+    "session_id": "s-sid-13",
+    "sessionId": "s-sid-14",
+    "user_session_id": "s-sid-15",
+    "sessionid": "s-sid-16",
+    "csrftoken": "s-csrf-17",
+    "xsrftoken": "s-csrf-18",
+    "csrf_token": "s-csrf-19",
+    "private_key_id": "s-pkid-20",
+    "access_key_id": "s-akid-21",
+    "otlp_headers": "x-tenant=s-hdr-22",
+    "OTEL_EXPORTER_OTLP_HEADERS": "x-tenant=s-hdr-23",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-tenant=s-hdr-24",
+    "auth_headers": {"X-Org": "s-hdr-25"},
+    "api_key_list": ["s-akl-26", "s-akl-27"],
+    "api_keys_list": ["s-akl-28"],
+    "token_list": ["s-tl-29"],
+}
+# ... and their neighbours that name no secret: kept as they are
+NOT_SECRET_KEYS = {
+    "forward_pass": 2,
+    "first_pass": True,
+    "num_passes": 3,
+    "bypass": "/m",
+    "key_id": "kms-alias-1",
+    "hash_key": "layers.0",
+    "signal": "SIGTERM",
+    "enable_session_radix_cache": True,
+    "session_len": 4,
+    "input_token_list": [1, 2, 3],
+    "speculative_token_map": "/m/map.pt",
+    "tokenizer_metrics_custom_labels_header": "x-labels",
+    "headers_sent": 2,
+    "key_size": 64,
+    "password_file_present": False,
+}
 
 # Ordinary text that must come out exactly as it went in.
 BENIGN = [
@@ -571,6 +653,20 @@ BENIGN = [
     "Capture cuda graph bs [1, 2, 4, 8, 16]",
     "API key loaded from the environment",
     "session_id=abc123 rid=42 enable_session_radix_cache=False",
+    # issue 35: the common words beside the shapes added
+    "Using token from the HF_TOKEN environment variable",
+    "Using token ids [1, 2, 3] for the prompt",
+    "password authentication failed for user alice",
+    "secret key loaded from the environment",
+    "the token budget 4096 is spent",
+    "private key file /etc/ssl/key.pem not found",
+    "pass: 3 of 5 passes done, forward_pass=2",
+    "sig=SIGTERM received",
+    '{"key": "sglang.phase", "value": {"stringValue": "model.load"}}',
+    "key=layers.0.self_attn cache hit",
+    "launch_server --api-key --port 30000",
+    "cmd --password -p 30000",
+    "Secret Manager unavailable, using the environment",
 ]
 
 
@@ -600,6 +696,17 @@ def test_redact_removes_the_secret_from_any_structured_value(shape):
 @pytest.mark.parametrize("text", BENIGN)
 def test_ordinary_text_is_left_alone(text):
     assert redact_text(text) == text
+
+
+def test_every_key_that_names_a_secret_hides_its_value_and_no_other_key_does():
+    values = {**SECRET_KEYS, **NOT_SECRET_KEYS}
+    assert len(re.findall(r"s-[a-z]+-\d\d", json.dumps(SECRET_KEYS))) == 29  # each secret value holds one
+    for data in (values, {"server_args": json.dumps(values)}, [values], {"a": {"b": values}}):
+        out = json.dumps(redact(data))
+        assert re.findall(r"s-[a-z]+-\d\d", out) == [], out
+    out = redact(values)
+    assert {k: out[k] for k in NOT_SECRET_KEYS} == NOT_SECRET_KEYS
+    assert all(out[k] == REDACTED for k in SECRET_KEYS)
 
 
 def test_redaction_is_idempotent():

@@ -549,7 +549,7 @@ def test_a_rank_that_vanished_or_cannot_be_read_costs_a_detail_not_the_verdict(t
 
 
 def test_the_diagnosis_record_carries_what_each_named_rank_waits_on(tmp_path: Path) -> None:
-    f = Finding("waits_on", "tp0", 100, "attention.init", 9.0, "tp0, tp1 wait for …", pids=[100, 101])
+    f = Finding("waits_on", "tp0", 100, "attention.init", 9.0, "tp0, tp1 wait for …")
     f.keep({"tp0": _lock(100, 100, 109), "tp1": _lock(101, 100, 109)})
     record = diagnosis_record(f)
     assert schema.validate(json.loads(json.dumps(record))) is None

@@ -48,6 +48,42 @@ def check_base(path: Path) -> None:
         raise UnsafeDirectory(f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}, no sticky bit)")
 
 
+def home_name() -> str:
+    """The private subdirectory this user's runs and history get in a shared base (``home_of``)."""
+    return f"phasetrace-{os.geteuid()}"
+
+
+def home_of(base: Path | str) -> Path:
+    """Where runs and the history go under ``base``: ``base`` itself when it is this user's and nobody
+    else may write in it (or is not there yet: ``private_dir`` makes it 0700); in a base others may
+    write in (``/tmp``: root's, sticky) the private subdirectory ``phasetrace-<uid>``, so nobody else
+    can plant a run directory or SQLite's ``-wal``/``-shm`` beside ours (``check_home`` where it is
+    made). A link, a file or another user's directory is ``base``: refused where it is made. One ``lstat``."""
+    base = Path(base)
+    try:
+        st = os.lstat(base)
+    except OSError:
+        return base
+    if not stat.S_ISDIR(st.st_mode) or not _trusted_owner(st.st_uid):
+        return base
+    if st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return base
+    return base / home_name()
+
+
+def check_home(path: Path | str) -> None:
+    """Refuse ``path`` as the directory runs or the history go in (``check_base``). Where it is the
+    private subdirectory of a shared base (``home_of``), that base is checked as a shared one and
+    the subdirectory, once it exists, must be this user's alone: not a link, nobody else may write."""
+    path = Path(path)
+    if path.name == home_name() and home_of(path.parent) == path:
+        check_base(path.parent)
+        if os.path.lexists(path) and (why := not_private(path)) is not None:
+            raise UnsafeDirectory(why)
+    else:
+        check_base(path)
+
+
 def private_dir(path: Path) -> Path:
     """``mkdir -p`` with every missing component created 0700 (whatever the umask); the final
     component must be a real directory (not a link) owned by this user. Returns ``path``."""
@@ -89,6 +125,18 @@ def not_private(path: Path | str) -> str | None:
         return f"{path} is a symbolic link"
     if not _trusted_owner(st.st_uid):
         return f"{path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def writable_by_others(path: Path | str) -> str | None:
+    """Why ``path`` (a directory, followed) lets another user plant files in it: writable by group or
+    others, sticky or not. None: only its owner can."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return f"{path}: cannot be read ({exc.strerror or exc})"
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
     return None

@@ -6,7 +6,8 @@ secret hides its value, a ``["--api-key", v]`` list hides ``v``, JSON held in a 
 redacted and written back; nesting deeper than ``MAX_DEPTH`` becomes a marker. ``redact_text`` is
 for free text (exception messages and stacks, status descriptions, warnings, stack dumps, what the
 viewers show): credentials in URLs and DSNs, secret query parameters, ``Authorization``/``Cookie``
-headers, ``key=value``, ``--flag value`` and ``"key": "value"`` pairs, and the token shapes
+headers, ``key=value``, ``--flag value`` (``--api-key -abc…`` too) and ``"key": "value"`` pairs, a
+credential-like word after a secret's name in prose (``Using token Tk7pQ2…``), and the token shapes
 providers issue (``hf_…``, ``sk-…``, ``AKIA…``, ``ghp_…``, ``xox…-``, ``ya29.…``, ``hvs.…``,
 JWTs, PEM private keys); one field keeps at most ``MAX_TEXT`` characters (its head and its end,
 saying how many were cut between). ``printable`` is every line we print or log: redacted, and
@@ -52,12 +53,59 @@ _LAST_WORDS = {
     "sessiontoken",
     "passphrase",
     "sas",
+    "pw",  # ``db_pw``
+    "dsn",  # ``sentry_dsn``: a connection string, its credentials inside
+    "csrftoken",
+    "xsrftoken",
+    "sessionid",  # Django's session cookie
 }
 _ANY_WORDS = {"pwd", "credential", "credentials"}
 _ANY_PARTS = ("secret", "password", "passwd", "passphrase")  # ``PGPASSWORD``, ``db_secret_name``
 # Whole keys (their words joined by ``_``) that hold a secret though no word of theirs says so.
-_WHOLE = {"session", "tokens", "connection_string", "conn_string", "conn_str", "connstr", "x_honeycomb_team"}
-_BARE_PROSE = {"session", "tokens"}  # in text, only as a quoted key: ``"tokens": […]``, not ``special tokens: …``
+_WHOLE = {
+    "session",
+    "tokens",
+    "connection_string",
+    "conn_string",
+    "conn_str",
+    "connstr",
+    "x_honeycomb_team",
+    "key",  # ``{"key": …}``, and ``keys``: alone, a key names no purpose but its secret
+    "keys",
+    "pass",
+    "sig",  # Azure SAS
+    "session_id",
+}
+# In text, only as a quoted key: ``"tokens": […]``, not ``special tokens: …``; ``"session_id": "…"``,
+# not SGLang's ``session_id=abc123 rid=42``; ``"pass": "…"``, not ``pass: 3``.
+_BARE_PROSE = {"session", "tokens", "pass", "sig", "session_id"}
+# Never in text (structured values only): ``{"key": "sglang.phase", "value": …}`` is every OTLP JSON
+# attribute, and a report's ``"keys": […]`` its phases.
+_STRUCTURED_ONLY = {"key", "keys"}
+# ``*_pass`` that counts passes or names a kind of pass (``forward_pass``), not a password.
+_PASSES = {
+    "forward",
+    "backward",
+    "first",
+    "second",
+    "third",
+    "last",
+    "final",
+    "two",
+    "multi",
+    "single",
+    "one",
+    "by",
+    "num",
+    "per",
+    "each",
+    "next",
+    "extra",
+}
+# A list of secrets is secret: ``api_key_list``, ``token_set``.
+_COLLECTIONS = {"list", "lists", "array", "set"}
+# ``*_headers`` sent to a collector or with credentials: ``otlp_headers``, ``OTEL_EXPORTER_OTLP_TRACES_HEADERS``.
+_HEADER_OWNERS = {"otlp", "otel", "auth", "authorization", "exporter", "secret", "credential", "credentials"}
 # ``*_key`` is a secret only after one of these (``api_key``, ``watermark_key``); ``hash_key`` is not.
 _KEY_QUALIFIERS = {
     "api",
@@ -135,6 +183,18 @@ def _is_secret_key(key: str) -> bool:
         return True
     last = words[-1]
     before = words[-2] if len(words) > 1 else ""
+    if last in _COLLECTIONS and len(words) > 1:
+        return _is_secret_key("_".join(words[:-1]))
+    if last in ("id", "ids") and before in ("key", "keys"):  # ``private_key_id``, ``access_key_id``
+        return len(words) > 2 and words[-3] in _KEY_QUALIFIERS
+    if last in ("headers", "header"):
+        return bool(_HEADER_OWNERS.intersection(words))
+    if last == "pass":
+        return before not in _PASSES
+    if last == "sig":
+        return True
+    if words[-2:] == ["session", "id"]:  # ``user_session_id``
+        return True
     if last in ("key", "keys"):
         return before in _KEY_QUALIFIERS
     if last == "tokens":
@@ -250,6 +310,13 @@ _QUERY_VALUE = re.compile(r"[^&#\s\"'<>]+")
 _QUOTE = re.compile(r"\\*[\"']")
 _CLOSING = {q: re.compile(rf"(?:[^{q}\\\n]|\\.)*{q}") for q in "\"'"}  # a quote a backslash escapes is inside
 _HEADER_NAMES = re.compile(r"(?i)(?:proxy-)?authorization|(?:set-)?cookie")
+# A secret's name in prose, then a space: ``Using token X``, ``with password X``, ``api key X``.
+_PROSE_KEY = re.compile(
+    r"(?i)(?<![\w.#-])(?:(?:api|access|secret|auth|bearer|private|session|refresh|hf|github) )?"
+    r"(?:api key|access key|secret key|private key|token|password|passwd|passphrase|secret|apikey)"
+    r"[ \t]+"
+)
+_CAMEL = re.compile(r"[a-z][A-Z]")
 _USER_FLAGS = {"u", "user", "proxy-user"}  # ``curl -u alice:pw``: the part after the colon
 # ``--ssl-keyfile-password has no effect…``: prose about a flag, not its value.
 _PROSE = {
@@ -309,10 +376,26 @@ def _quoted_hit(text: str, pos: int, quote: str, end: int, after: int, head: str
     return pos, after, f"{head}{quote}{REDACTED}{closing}"
 
 
+def _in_text(key: str, quoted: bool = False) -> bool:
+    """A secret's key (``is_secret_key``) names one in text too: not one that only a structured
+    value's key is (``_STRUCTURED_ONLY``), nor, unquoted, one that prose uses (``_BARE_PROSE``)."""
+    if len(key) > 12:  # longer than any of those, however spelled
+        return True
+    whole = _joined(key)
+    return whole not in _STRUCTURED_ONLY and (quoted or whole not in _BARE_PROSE)
+
+
+@functools.lru_cache(maxsize=4096)
+def _joined(key: str) -> str:
+    return "_".join(_words(key))
+
+
 def _pair_value(m: re.Match, text: str) -> _Hit:
     key = m["key"]
-    secret = is_secret_key(key) or (m["pre"] is not None and is_secret_key(f"{m['pre']}_{key}"))
-    if not secret or _HEADER_NAMES.fullmatch(key) or (not m["kq"] and key.lower() in _BARE_PROSE):
+    secret = (is_secret_key(key) and _in_text(key, bool(m["kq"]))) or (
+        m["pre"] is not None and is_secret_key(f"{m['pre']}_{key}")
+    )
+    if not secret or _HEADER_NAMES.fullmatch(key):
         return None
     pos = m.end()
     if text.startswith(REDACTED, pos):
@@ -359,7 +442,7 @@ def _flag_value(m: re.Match, text: str) -> _Hit:
         if colon < 0 or not secret or secret == REDACTED or secret.isdigit():  # ``-u 1000:1000`` is a uid:gid
             return None
         return pos + colon + 1, value.end(), REDACTED
-    if not is_secret_key(key) or text.startswith(("-", REDACTED), pos):
+    if not (is_secret_key(key) and _in_text(key)) or text.startswith(REDACTED, pos):
         return None
     quoted = _quoted(text, pos)
     if quoted is not None:
@@ -367,11 +450,13 @@ def _flag_value(m: re.Match, text: str) -> _Hit:
     value = _FLAG_VALUE.match(text, pos)
     if value is None or value[0] in _PROSE:
         return None
+    if value[0].startswith("-") and (value[0].startswith("--") or len(value[0]) <= 2):
+        return None  # the next flag (``--port``, ``-v``); ``--api-key -abcSecret`` is a value
     return pos, value.end(), REDACTED
 
 
 def _argv_value(m: re.Match, text: str) -> _Hit:
-    if not is_secret_key(m["key"]):
+    if not (is_secret_key(m["key"]) and _in_text(m["key"])):
         return None
     pos = m.start("q2")
     quoted = _quoted(text, pos)
@@ -384,6 +469,27 @@ def _query_value(m: re.Match, text: str) -> _Hit:
         return None
     value = _QUERY_VALUE.match(text, m.end())
     return None if value is None else (m.end(), value.end(), REDACTED)
+
+
+def _prose_value(m: re.Match, text: str) -> _Hit:
+    """``Using token Tk7pQ2mZx9``: a word after a secret's name in prose, when it looks like a
+    credential (letters and digits, or camel case, 8 characters or more), never a common word
+    (``token usage``, ``password authentication failed``) or a number."""
+    value = _FLAG_VALUE.match(text, m.end())
+    if value is None or value[0].startswith(REDACTED) or not _credential_like(value[0].rstrip(".,;:)")):
+        return None
+    return m.end(), m.end() + len(value[0].rstrip(".,;:)")), REDACTED
+
+
+def _credential_like(word: str) -> bool:
+    letters = any(c.isalpha() for c in word)
+    return (
+        len(word) >= 8
+        and letters
+        and (any(c.isdigit() for c in word) or _CAMEL.search(word) is not None)
+        and "://" not in word
+        and not word.startswith(("/", "./", "~"))
+    )
 
 
 def _scan(pattern: re.Pattern, text: str, value: Callable[[re.Match, str], _Hit]) -> str:
@@ -422,6 +528,10 @@ def _go_dsns(text: str) -> str:
 # A cheap first look: text with no separator, flag or header word (most attribute values) has no pair.
 _STRUCTURE_HINT = re.compile(rf"[{_SEP_CHARS}@]|-----BEGIN|(?<![\w-])--?[A-Za-z]|(?i:bearer|basic|cookie)")
 _KEEP_HEAD = _keep("head")
+# What ``_PROSE_KEY`` cannot match without (most text, ``max_total_tokens=4096`` too, holds none).
+_PROSE_WORDS = tuple(
+    f"{w}{gap}" for w in ("token", "password", "passwd", "passphrase", "secret", "apikey", "key") for gap in " \t"
+)
 
 
 def _redact(text: str) -> str:
@@ -440,6 +550,9 @@ def _redact(text: str) -> str:
         text = _scan(_FLAG_KEY, text, _flag_value)
         text = _scan(_PAIR_KEY, text, _pair_value)
         text = _scan(_QUERY_KEY, text, _query_value)
+    lower = text.lower()
+    if any(word in lower for word in _PROSE_WORDS):  # a secret's name, then a space or a tab
+        text = _scan(_PROSE_KEY, text, _prose_value)
     if _ANY_TOKEN_HINT.search(text):
         for hints, pattern in _TOKENS:
             if any(hint in text for hint in hints):

@@ -23,11 +23,13 @@ A launch with ``--nnodes N --node-rank k --dist-init-addr HOST:PORT`` runs one l
 * **Trust.** Anyone who can reach the store can write its keys. A snapshot is decoded into one
   schema (``tracing.snapshot``: types, sizes, depth, ranges) and must speak for its own node only:
   this node's processes are judged from its own journals, never from a report; a snapshot naming
-  this node's host, a host another node reported from, or a process of this node or of another
-  node's report is not used. Each refusal is one warning naming the node, never a lost pass. What
-  is left to a store writer: false verdicts about the node it claims to be, labelled with that node
-  (``docs/multinode-channel.md``, "Trust").
-"""
+  this node's host, a host another node reported from, or a process (host and pid, or label) of
+  this node or of another node's report is not used. A verdict names its processes by host, pid
+  and source (``reader.run.ProcId``): a reported process that shares a pid with one of this host's
+  is never mistaken for it, and only processes read from this host's journals are signalled. Each
+  refusal is one warning naming the node, never a lost pass. What is left to a store writer: false
+  verdicts about the node it claims to be, labelled with that node (``docs/multinode-channel.md``,
+  "Trust")."""
 
 from __future__ import annotations
 
@@ -361,13 +363,22 @@ class CrossNode:
             other = next((k for k, h in self.hosts.items() if h == host and k != node), None)
             if other is not None:
                 raise Refused(f"it names host {shown}, node-{other}'s")
-        mine = {(p.host, p.pid) for p in view.processes if p.remote is None and node_of(p) in (None, self.node.rank)}
-        theirs = {(p.host, p.pid): src for src, ps in view.remote.items() if src != f"node-{node}" for p in ps}
+        own = [p for p in view.processes if p.remote is None and node_of(p) in (None, self.node.rank)]
+        mine = {(p.host, p.pid) for p in own}
+        labels = {p.label for p in own}
+        others = [(src, p) for src, ps in view.remote.items() if src != f"node-{node}" for p in ps]
+        theirs = {(p.host, p.pid): src for src, p in others}
+        named = {p.label: src for src, p in others}
         for p in reported:
             if (p.host, p.pid) in mine:
                 raise Refused(f"it names pid {p.pid} on {shown}, a process of this node (judged from its journal)")
             if (p.host, p.pid) in theirs:
                 raise Refused(f"it names pid {p.pid} on {shown}, which {theirs[p.host, p.pid]} reported")
+            # labels name ranks in verdicts, metrics and what is said once: one label, one process of the launch
+            if p.label in labels:
+                raise Refused(f"it names {printable(repr(p.label), 40)}, a process of this node's (its journal's)")
+            if p.label in named:
+                raise Refused(f"it names {printable(repr(p.label), 40)}, which {named[p.label]} reported")
         return host
 
     def evidence_of(self, proc: ProcessRec) -> Evidence | None:

@@ -94,9 +94,10 @@ def check_run_dir(path: str | Path, journal: bool = True) -> Path:
 
 def newest_run(base: str | Path, most: int = 10_000) -> Path | None:
     """The newest run directory in ``base`` (the ``--dir`` of ``phasetrace run``,
-    ``SGLANG_PHASETRACE_DIR``: it also holds ``history.sqlite``), or None; looks at ``most`` entries."""
+    ``SGLANG_PHASETRACE_DIR``: it also holds ``history.sqlite``; in a shared base such as ``/tmp``,
+    this user's private subdirectory of it: ``files.home_of``), or None; looks at ``most`` entries."""
     try:
-        with os.scandir(base) as entries:
+        with os.scandir(files.home_of(base)) as entries:
             runs = [e.path for e in itertools.islice(entries, most) if os.path.isdir(os.path.join(e.path, JOURNAL_DIR))]
     except OSError:
         return None

@@ -45,15 +45,16 @@ def new_run_dir(base: str | None) -> Path:
     from ..recorder.runtime import new_run_dir as fresh
 
     path = fresh()
-    return (Path(base) / path.name).resolve() if base else path
+    return (files.home_of(base) / path.name).resolve() if base else path
 
 
 def make_run_dir(base: str | None) -> Path:
     """A fresh private run directory (0700), or a ``CommandError`` before anything is started."""
     run_dir = new_run_dir(base)
     try:
-        files.check_base(run_dir.parent)
+        files.check_home(run_dir.parent)
         files.private_dir(run_dir)
+        files.check_home(run_dir.parent)
     except OSError as exc:
         raise CommandError(
             f"cannot create a run directory under {run_dir.parent}: {exc.strerror if exc.strerror else exc}"

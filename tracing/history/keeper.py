@@ -25,8 +25,9 @@ EXIT_WAIT_S = 1.0  # the longest an exiting process waits for its start to be re
 
 
 def off(run_dir: str | Path) -> bool:
-    """The history is off for this run (``SGLANG_PHASETRACE_HISTORY=0``)."""
-    return where.of_run_dir(run_dir) is None
+    """The history is off for this run (``SGLANG_PHASETRACE_HISTORY=0``): asked on the launch's ready
+    path, so no filesystem is touched (where the history is, the keeper's thread finds out)."""
+    return where.off()
 
 
 class Keeper:

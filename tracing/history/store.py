@@ -258,9 +258,16 @@ _DETAILED = "SELECT run_id FROM starts WHERE labels IS NOT NULL ORDER BY started
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    """A connection to write (autocommit: transactions are ours), the file made private first."""
+    """A connection to write (autocommit: transactions are ours), the file made private first, in a
+    directory only this user can write (``files.check_home``): nobody else's ``-wal`` or ``-shm`` is
+    read as ours."""
     try:
+        files.check_home(path.parent)
         files.private_dir(path.parent)
+        files.check_home(path.parent)
+        why = files.not_private(path.parent)
+        if why is not None:
+            raise files.UnsafeDirectory(f"{why}: the history goes in a directory only this user can write")
         try:
             os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
         except FileExistsError:
@@ -326,7 +333,9 @@ def _begin(con: sqlite3.Connection, path: Path) -> None:
 
 
 def _check_file(path: Path) -> None:
-    why = files.not_private(path)
+    """The database is this user's regular file, in a directory nobody else may write in: SQLite
+    reads the ``-wal`` and ``-shm`` it finds beside it."""
+    why = files.not_private(path) or files.writable_by_others(path.parent)
     if why is None:
         try:
             if not stat.S_ISREG(os.lstat(path).st_mode):

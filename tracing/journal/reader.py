@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from .schema import BULK, BULK_PREFIX, KINDS, all_valid, bulk_valid, trim, validate
+from .writer import RECORD_MAX
 
 log = logging.getLogger("sglang_phasetrace")
 
 
-LINE_MAX = 1 << 20  # bytes of one journal line readers take (a record: ~300 bytes; a heartbeat: a few KiB)
+LINE_MAX = RECORD_MAX  # bytes of one journal line readers take: what a writer writes (a record: ~300 bytes)
 JOURNAL_MAX = 256 << 20  # bytes of one journal readers read (a rank's init: ~170 KiB; a hung one's: ~40 MiB a day)
 ENV_JOURNAL_MAX = "SGLANG_PHASETRACE_JOURNAL_MAX_MB"  # sets JOURNAL_MAX, in MiB
 READ_BYTES = 16 << 20  # read at a time

@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover
 from pathlib import Path
 from typing import Any
 
-from .. import files, keys
+from .. import files, keys, process_state
 from .records import warning
 
 log = logging.getLogger("sglang_phasetrace")
@@ -50,6 +50,13 @@ def _line(record: dict) -> bytes:
 
 
 WRITE_WAIT_S = 1.0  # how long a journal write may hold its caller (keys.ENV_WRITE_WAIT)
+# Bytes of one record's line, its newline included: what readers take (``reader.LINE_MAX``). The
+# largest a 1024-rank launch writes is its root-cause diagnosis (≤ ~100 KB with its ``waiting`` kept
+# to ``watchdog.WAITING_BYTES``: 4.2 MB before, 1023 peers waiting in a world barrier whose group
+# name lists 1024 ranks); a begin with server arguments ~20 KB, an exception ~22 KB (16 KiB
+# characters of message and of stack at most). A record past it is not written, said once.
+RECORD_MAX = 1 << 20
+HELD_BYTES = 32 << 20  # records held back (a disk that does not answer) keep at most this much memory
 
 
 def write_wait_s() -> float:
@@ -97,7 +104,7 @@ class JournalWriter:
     failure of each kind is said once per process, naming the file and the reason.
     """
 
-    HELD = 4096
+    HELD = 4096  # records held back at most (and ``HELD_BYTES``)
 
     def __init__(self, path: Path, wait_s: float | None = None) -> None:
         files.private_dir(path.parent)
@@ -117,6 +124,7 @@ class JournalWriter:
         self._go = _thread.allocate_lock()  # released: the writer thread has something to do
         self._go.acquire()
         self._queue: deque[_Entry] = deque()  # records not written yet, in order
+        self._bytes = 0  # ... and their size
         self._late = 0  # how many at the front of the queue were held back (written before the note)
         self._poked = self._busy = self._stuck = self._closing = False
         self._in_hand = 0  # records the writer thread is writing now
@@ -146,6 +154,9 @@ class JournalWriter:
             data = _line(record)
         except (TypeError, ValueError, RecursionError) as exc:
             self._say(f"journal record of kind {record.get('kind')!r} not written: {exc!r}")
+            return False
+        if len(data) > RECORD_MAX:
+            self._too_big(record, len(data))
             return False
         # A signal handler that writes while its thread is in here waits for nothing: the writer
         # thread needs the lock that thread holds.
@@ -184,16 +195,29 @@ class JournalWriter:
         """Queue ``data`` (lock held). Beyond ``HELD`` the oldest is dropped."""
         entry = _Entry(data, wait)
         self._queue.append(entry)
+        self._bytes += len(data)
         if self._stuck:
             self._late += 1
         self._trim()
         return entry
 
     def _trim(self) -> None:
-        while len(self._queue) > self.HELD:
-            self._queue.popleft()
+        """Beyond ``HELD`` records or ``HELD_BYTES`` held, the oldest are dropped (and counted)."""
+        while len(self._queue) > self.HELD or (self._bytes > HELD_BYTES and len(self._queue) > 1):
+            self._bytes -= len(self._queue.popleft().data)
             self._dropped += 1
             self._late = max(0, self._late - 1)
+
+    def _too_big(self, record: dict, size: int) -> None:
+        """A record over ``RECORD_MAX``: not written (readers would refuse its line), said once."""
+        if process_state.say_once(("journal", "record over RECORD_MAX")):
+            log.warning(
+                "sglang-phasetrace: a %s record of %d bytes not written to %s: over the %d MiB a reader takes",
+                record.get("kind"),
+                size,
+                self.path,
+                RECORD_MAX >> 20,
+            )
 
     def _poke(self) -> bool:
         """Wake the writer thread (lock held; started on first use: never in a process that
@@ -242,6 +266,7 @@ class JournalWriter:
                 self._poked = False
                 batch, late = list(self._queue), self._late
                 self._queue.clear()
+                self._bytes = 0
                 self._late = 0
                 note = _line(self._gap_note()) if self._failed_since is not None else None
                 if not batch and note is None:
@@ -278,7 +303,9 @@ class JournalWriter:
         if noted:
             self._failed_since, self._dropped, self.error = None, 0, None
         if exc is not None:
-            self._queue.extendleft(reversed([e for e in batch[written:] if e.data]))
+            kept = [e for e in batch[written:] if e.data]
+            self._queue.extendleft(reversed(kept))
+            self._bytes += sum(len(e.data) for e in kept)
             self._late = len(self._queue)  # all held back now; the next write or flush tries again
             self._trim()
             self._failed(exc, f"records are held back (up to {self.HELD}) and written once it can be")

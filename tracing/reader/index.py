@@ -52,7 +52,10 @@ log = logging.getLogger("sglang_phasetrace")
 INDEX_NAME = "index.msgpack"
 ENV_INDEX = "SGLANG_PHASETRACE_INDEX"  # "0" / "off": never read nor write an index
 VERSION = 1
-INDEX_MAX = 1 << 30  # bytes of an index read (a 1024-rank run's: ~60 MB)
+# Bytes of an index read or written: twice a 1024-rank run's (1024 ranks x 261 spans, 178 MB of
+# journals: a 63.7 MB index, ``scripts/bench_viewers_1024.py``). Past it, one warning, and the
+# journals are read: an index is only ever a saving, never what a viewer must trust at any size.
+INDEX_MAX = 128 << 20
 CHECK_BYTES = 4096  # of a journal's start and of its end up to the position read: its digest
 INLINE_BYTES = 8 << 20  # journals up to this size: a viewer writes the index itself (a few ms)
 WAIT_S = 600.0  # longest a spawned writer waits for its caller to exit
@@ -585,6 +588,16 @@ def write(view: RunView, done: bool, levels_of: Levels, shallow_of: Shallow) -> 
                 continue
             data = encode(view, run_path, done, levels_of, shallow_of)
             if data is None:
+                continue
+            if len(data) > INDEX_MAX:  # no reader would take it
+                if path not in _SAID:
+                    _SAID.add(path)
+                    log.warning(
+                        printable(
+                            f"sglang-phasetrace: index {path} not written ({len(data) >> 20} MiB, over the "
+                            f"{INDEX_MAX >> 20} MiB a reader takes); the run is read from its journals"
+                        )
+                    )
                 continue
             files.write_new(path, lambda fd, data=data: files.write_all(fd, data))
             written.append(path)

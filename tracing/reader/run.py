@@ -29,10 +29,21 @@ from ..journal.layout import JOURNAL_DIR, STATUS_DIR
 from ..journal.reader import JournalTail, _loads, read_regular
 from ..journal.schema import SpanRec, span_from, trim, validate
 
-__all__ = ["ProcessRec", "RunView", "SpanRec", "node_of"]
+__all__ = ["ProcId", "ProcessRec", "RunView", "SpanRec", "node_of"]
 
 STATUS_MAX = 1 << 20  # bytes read of a status file (a heartbeat is a few KiB)
 _PROGRESS_KINDS = frozenset({"begin", "end", "event", "collective", "process"})  # ``process``: its journal began
+
+
+@dataclass(frozen=True)
+class ProcId:
+    """Who a verdict names. A pid alone names nobody: another node's report may carry any pid, a
+    local rank's among them, so a process is its host, its pid and where it was read from."""
+
+    host: str
+    pid: int
+    source: str  # the journal it was read from, or the node that reported it (``node-1``)
+    reported: bool = False  # another node's report: never signalled nor read from ``/proc`` here
 
 
 @dataclass
@@ -141,6 +152,13 @@ class ProcessRec:
                 if span.end > got[1]:
                     got[1] = span.end
         return out
+
+    @property
+    def ident(self) -> ProcId:
+        """This process as a verdict names it (``ProcId``)."""
+        if self.remote is not None:
+            return ProcId(self.host, self.pid, self.remote, reported=True)
+        return ProcId(self.host, self.pid, str(self.path))
 
     @property
     def waiting_in(self) -> dict[str, Any] | None:

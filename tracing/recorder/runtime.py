@@ -47,14 +47,25 @@ def hexid(value: int | None, width: int = 16) -> str | None:
 
 def new_run_dir() -> Path:
     """A fresh run directory's path (not created): absolute, so children in another cwd share it,
-    and not resolved, so a link in place of the base is seen (and refused) when it is created."""
-    base = Path(os.environ.get(keys.ENV_BASE_DIR) or keys.DEFAULT_BASE_DIR)
+    and not resolved, so a link in place of the base is seen (and refused) when it is created; in
+    a base others may write in (``/tmp``), inside this user's private subdirectory (``home``)."""
+    base = home(Path(os.environ.get(keys.ENV_BASE_DIR) or keys.DEFAULT_BASE_DIR))
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
     node = launch.node_from_env()
     named = launch.launch_from_env() if node is not None else None
     if named is not None:  # every node of the launch: one directory on a shared filesystem
         run_id = "launch-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in named[0])[:96]
     return Path(os.path.abspath(base / run_id))
+
+
+def home(base: Path) -> Path:
+    """``files.home_of(base)`` (one ``lstat``) on a helper thread, waited for up to the journal's write
+    bound: a base on a filesystem that does not answer holds no ``import sglang``; it is ``base``,
+    where the run directory then fails to be made, said once."""
+    try:
+        return _within(write_wait_s(), lambda: files.home_of(base), lambda _: None, base)
+    except OSError:
+        return base
 
 
 class TracingOff(Exception):
@@ -321,12 +332,12 @@ class Runtime:
         return _within(write_wait_s(), lambda: self._make_journal(resource), _discard, self.run_dir)
 
     def _make_journal(self, resource: Resource) -> JournalWriter:
-        """The run directory (0700, its base checked before and after), and this process's journal
-        holding its first record: a directory that cannot take one record is not used at all."""
+        """The run directory (0700, its base checked before and after: ``files.check_home``), and this
+        process's journal holding its first record: a directory that cannot take one record is not used at all."""
         ident, run_dir = self.identity, self.run_dir
-        files.check_base(run_dir.parent)
+        files.check_home(run_dir.parent)
         files.private_dir(run_dir)
-        files.check_base(run_dir.parent)  # not swapped for someone else's while we created it
+        files.check_home(run_dir.parent)  # not swapped for someone else's while we created it
         files.private_dir(run_dir / STATUS_DIR)
         journal = JournalWriter(files.private_dir(run_dir / JOURNAL_DIR) / f"{ident.host}-{ident.pid}.jsonl")
         try:

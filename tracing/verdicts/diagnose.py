@@ -43,7 +43,7 @@ import msgspec
 from .. import keys
 from ..journal.waits_on import MAX_EVIDENCE
 from ..procs import this_host
-from ..reader.run import ProcessRec, RunView, where_detail
+from ..reader.run import ProcessRec, ProcId, RunView, where_detail
 from .evidence import Evidence, cause_key, from_builtins, labels_text, phrase, shared_cause
 
 NS = 1_000_000_000
@@ -117,7 +117,9 @@ class Finding:
     message: str  # the one-line diagnosis, verdict first
     waiting: dict[str, str] = field(default_factory=dict)  # peer label -> what it waits in
     stacks: list[str] = field(default_factory=list)  # stack dump paths, when taken
-    pids: list[int] = field(default_factory=list)  # every process involved (named rank first)
+    # every process involved (named rank first), as read: never bare pids, which another node's report
+    # may share with a process of this host (``watchdog.act`` resolves these, and acts on local ones only)
+    procs: list[ProcId] = field(default_factory=list)
     doing: str = ""  # what the named rank does, in words ("blocked (0 % CPU, sleeping; no GPU figures)")
     evidence: dict[str, dict[str, Any]] = field(default_factory=dict)  # label -> what it waits on (builtins)
 
@@ -125,6 +127,16 @@ class Finding:
     def key(self) -> tuple:
         """Same stall, same key: the watchdog reports each once (a notice: once per phase)."""
         return (self.kind, self.label, self.phase)
+
+    @property
+    def proc(self) -> ProcId | None:
+        """The process it names, as read (None: a recorded verdict, which says a pid and a label only)."""
+        return self.procs[0] if self.procs else None
+
+    @property
+    def pids(self) -> list[int]:
+        """The involved processes' pids, for display (``procs`` says whose)."""
+        return [p.pid for p in self.procs]
 
     @property
     def alarm(self) -> bool:
@@ -164,7 +176,7 @@ def evidence_clause(procs: list[ProcessRec], read: Read | None) -> tuple[str, di
 
 def os_state(proc: ProcessRec) -> str:
     """``running``, ``sleeping``, ``disk-sleep``, ``stopped``, ``zombie``, ``exited`` or ``unknown``."""
-    if proc.host != this_host():
+    if proc.remote is not None or proc.host != this_host():  # another node's report: never read here
         return "unknown (other host)"
     try:
         import psutil
@@ -248,7 +260,7 @@ def waits_for(target: ProcessRec, quiet: float, now: int, read: Read | None, tai
         phase,
         quiet,
         f"no progress for {quiet:.0f} s; the launch waits for {target.title} ({target.who}) {where}{more}{tail}",
-        pids=[target.pid],
+        procs=[target.ident],
     ).keep({target.label: ev} if ev is not None else {})
 
 
@@ -390,18 +402,18 @@ def analyze(
     if not active:
         return []
     findings: list[Finding] = []
-    beats = {p.pid: _beats(run, p) for p in active}
+    beats = {p.ident: _beats(run, p) for p in active}  # by identity: a report may share a local pid
     silent = set()
     for p in active:
-        age = (now_ns - _heartbeat_t(beats[p.pid], p)) / NS
+        age = (now_ns - _heartbeat_t(beats[p.ident], p)) / NS
         if age >= th.silent_s:
-            silent.add(p.pid)
+            silent.add(p.ident)
             findings.append(_silent(p, age, active, now_ns, th, read))
 
     by_world = {w: p for p in ranks if (w := _world_rank(p)) is not None}
     for s in active:
-        if s.pid not in silent:
-            finding = _waited_on(run, s, beats[s.pid], active, ranks, by_world, now_ns, th, read)
+        if s.ident not in silent:
+            finding = _waited_on(run, s, beats[s.ident], active, ranks, by_world, now_ns, th, read)
             if finding is not None:
                 findings.append(finding)
     findings += _divergence(ranks)
@@ -419,7 +431,7 @@ def analyze(
             quiet = min([quiet, *((now_ns - p.last_progress_t) / NS for p in others)])
         if quiet >= th.no_progress_s and target is not None:
             f = waits_for(target, quiet, now_ns, read, f"; {', '.join(p.label for p in active)} initialised, waiting")
-            f.pids += [p.pid for p in active]
+            f.procs += [p.ident for p in active]
             findings.append(f)
         elif quiet >= th.no_progress_s:
             places = "; ".join(f"{p.label} {_where(p, now_ns)[1]}" for p in active)
@@ -433,7 +445,7 @@ def analyze(
                     _where(first, now_ns)[0],
                     quiet,
                     f"no progress on any rank for {quiet:.0f} s: {places}" + (f"; {clause}" if clause else ""),
-                    pids=[p.pid for p in active],
+                    procs=[p.ident for p in active],
                 ).keep(found)
             )
     return findings if notices else [f for f in findings if f.alarm]
@@ -469,7 +481,7 @@ def _rendezvous(
             f"{labels}{on} {'has' if len(waiting) == 1 else 'have'} waited {since:.0f} s in '{RENDEZVOUS}' for "
             f"the rendezvous at {addr} ({seen}): the other ranks (other nodes) have not joined, or the "
             "address is not reachable from here" + (f"; {clause}" if clause else ""),
-            pids=[p.pid for p in waiting],
+            procs=[p.ident for p in waiting],
             doing="waiting for the rendezvous",
         ).keep(found)
     ]
@@ -527,7 +539,7 @@ def _waited_on(
     if not waiting and not left:
         return None
     detail = _detail(waiting, now) or "peers left it: " + ", ".join(f"{p.label} ({_where(p, now)[1]})" for p in left)
-    pids = [s.pid, *(p.pid for p in active if p.label in waiting or p in left)]
+    involved = [s.ident, *(p.ident for p in active if p.label in waiting or p in left)]
     wait_s = max((now - c["t"]) / NS for c in waiting.values()) if waiting else quiet
     own = s.waiting_in
     if own is not None:
@@ -543,7 +555,7 @@ def _waited_on(
             wait_s,
             f"rank {s.label} ({s.who}) is slow, not stuck: {estimate}, {where}; {detail}",
             waiting=_texts(waiting, now),
-            pids=pids,
+            procs=involved,
             doing=f"slow ({estimate})",
         )
     what = doing(beats, s.last_progress_t, now, th, own is not None)
@@ -563,7 +575,7 @@ def _waited_on(
             quiet,
             f"rank {s.label} ({s.who}) {ev.text}, {where}: no progress{for_s} ({what.text}): {detail}",
             waiting=_texts(waiting, now),
-            pids=pids,
+            procs=involved,
             doing=f"busy ({what.text})",
         ).keep({s.label: ev})
     more = said(ev)
@@ -579,7 +591,7 @@ def _waited_on(
             + (f" and {more}" if more else "")
             + f": {detail}",
             waiting=_texts(waiting, now),
-            pids=pids,
+            procs=involved,
             doing=f"{what.state} ({what.text})",
         ).keep({s.label: ev} if ev is not None else {})
     if busy:
@@ -593,7 +605,7 @@ def _waited_on(
             + (f"; it {more}" if more else "")
             + f": {detail}",
             waiting=_texts(waiting, now),
-            pids=pids,
+            procs=involved,
             doing=f"busy ({what.text})",
         ).keep({s.label: ev} if ev is not None else {})
     return None
@@ -616,7 +628,7 @@ def _still(ev: Evidence, th: Thresholds) -> bool:
 
 
 def _waiting_together(
-    active: list[ProcessRec], beats: dict[int, list[dict[str, Any]]], now: int, th: Thresholds, read: Read | None
+    active: list[ProcessRec], beats: dict[ProcId, list[dict[str, Any]]], now: int, th: Thresholds, read: Read | None
 ) -> list[Finding]:
     """No rank in a collective, every one idle for ``blocked_bound`` (its heartbeats agree), and each
     held by an outside cause the OS shows (a lock, a socket): named within the blocked bound, not
@@ -628,7 +640,7 @@ def _waiting_together(
             return []
         if p.current is not None and p.current.phase == RENDEZVOUS:  # said at stall_s: another node may be late
             return []
-        if doing(beats[p.pid], p.last_progress_t, now, th, False).state != "blocked":
+        if doing(beats[p.ident], p.last_progress_t, now, th, False).state != "blocked":
             return []
     found: dict[str, Evidence] = {}
     for p in active:
@@ -663,7 +675,7 @@ def _waiting_together(
                 _where(first, now)[0],
                 quiet,
                 f"{shared.text}{where}",
-                pids=[p.pid for p in procs],
+                procs=[p.ident for p in procs],
                 doing=f"waiting ({shared.kind})",
             ).keep({label: found[label] for label in labels})
         )
@@ -698,7 +710,7 @@ def _silent(
         age,
         f"{p.title} ({p.who}) is silent: no heartbeat for {age:.0f} s ({cause}), {where}{since}{more}{detail}",
         waiting=_texts(waiting, now),
-        pids=[p.pid],
+        procs=[p.ident],
         doing=f"silent ({cause})",
     ).keep({p.label: ev} if ev is not None else {})
 
@@ -740,7 +752,7 @@ def _divergence(ranks: list[ProcessRec]) -> list[Finding]:
                         0.0,
                         f"ranks diverged on group '{group}' at #{seq}: {shown}",
                         waiting={label: f"{op} #{seq} on group '{group}'" for label, op in ops.items()},
-                        pids=[p.pid for p in members],
+                        procs=[p.ident for p in members],
                     )
                 )
                 break  # the first divergence of a group is the one that matters

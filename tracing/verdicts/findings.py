@@ -37,7 +37,10 @@ def from_record(record: dict[str, Any]) -> Finding:
 
 
 def process_of(run: RunView, finding: Finding) -> ProcessRec | None:
+    """The process a finding names: as read (``Finding.proc``); a recorded one's by pid, else label."""
     procs_ = run.processes
+    if finding.proc is not None:
+        return next((p for p in procs_ if p.ident == finding.proc), None)
     return next((p for p in procs_ if finding.pid and p.pid == finding.pid), None) or next(
         (p for p in procs_ if finding.label and p.label == finding.label), None
     )
@@ -115,7 +118,7 @@ def live(
     named = set() if named is None else named
     if ends is None:
         ends = postmortem.endings(run, gone or {})
-    ended_at = {e.proc.pid: e.t for e in ends}
+    ended_at = {e.proc.ident: e.t for e in ends}
     out: list[tuple[Finding, int]] = []
     ranks = analyze(run, now_ns, th, notices=notices, read=read)
     explained = any(f.alarm and f.kind != "no_progress" for f in ranks)
@@ -127,17 +130,19 @@ def live(
         (ranks, {}),
     ):
         for f in found:
-            if (f.pid and f.pid in named) or (f.label and f.label in named):
+            if f.proc in named or (f.pid and f.pid in named) or (f.label and f.label in named):
                 continue
-            named.update(x for x in (f.pid, f.label, *f.evidence, *(f.pids if f.kind == "stopped" else ())) if x)
+            # processes by identity (a report may share a local pid); bare pids only come from ``named``
+            # (recorded verdicts say no host)
+            named.update(x for x in (f.proc, f.label, *f.evidence, *(f.procs if f.kind == "stopped" else ())) if x)
             if f.kind == "not_started":
                 _waits_on(run, f, read)
-            out.append((f, when.get(f.pid, now_ns - int(f.since_s * NS))))
+            out.append((f, when.get(f.proc, now_ns - int(f.since_s * NS))))
     known = usual.known(run)  # the launch's earlier starts: "usually N s", a phase past all of them
     if known is not None:
-        involved = named | {pid for f, _ in out for pid in f.pids}  # a peer a verdict says waits is explained
+        involved = named | {ident for f, _ in out for ident in f.procs}  # a peer a verdict says waits is explained
         for f in usual.unusual(run, now_ns, th, known, involved) if notices else ():
-            named.update(x for x in (f.pid, f.label) if x)
+            named.update(x for x in (f.proc, f.label) if x)
             out.append((f, now_ns - int(f.since_s * NS)))
         usual.annotate(run, [f for f, _ in out], now_ns, known)
     return out
@@ -170,7 +175,7 @@ def findings(
         ends: list[postmortem.Ending] | None = postmortem.endings(run, gone or {})
     except Exception:  # said below, where the same call fails again
         ends = None
-    ended_at = {e.proc.pid: e.t for e in ends or ()}
+    ended_at = {e.proc.pid: e.t for e in ends or ()}  # recorded verdicts say a pid, not a host
     latest: dict[tuple[int, str], tuple[Finding, int]] = {}
     for proc in run.processes:
         for record in sorted(proc.diagnoses, key=lambda r: r["t"]):

@@ -21,6 +21,7 @@ from ..reader.run import ProcessRec, RunView
 from . import evidence
 from .diagnose import Finding
 from .evidence import BUSY_PCT, Evidence
+from .findings import process_of
 
 STALLS = frozenset({"silent", "straggler", "divergence", "no_progress", "rendezvous", "waits_on"})
 CONSEQUENCE = "— a consequence of"  # postmortem's words for a rank that failed after another ended
@@ -288,10 +289,7 @@ def for_evidence(ev: Evidence, phases: Collection[str] = ()) -> Pattern | None:
 def _process(run: RunView | None, finding: Finding) -> ProcessRec | None:
     if run is None:
         return None
-    procs = run.processes
-    return next((p for p in procs if finding.pid and p.pid == finding.pid), None) or next(
-        (p for p in procs if finding.label and p.label == finding.label), None
-    )
+    return process_of(run, finding)
 
 
 def phases_around(finding: Finding, run: RunView | None) -> set[str]:

@@ -109,7 +109,7 @@ def analyze(run: RunView, now: int, th: Thresholds, read: Read | None, explained
                     quiet,
                     f"{p.title} ({p.who}) is blocked {where} for {quiet:.0f} s and {said(ev)}"
                     + _context(p, ranks, launcher, now),
-                    pids=[p.pid],
+                    procs=[p.ident],
                     doing=f"blocked ({ev.cause})",  # type: ignore[union-attr]
                 ).keep({p.label: ev})  # type: ignore[dict-item]
             )
@@ -161,7 +161,7 @@ def _holds_launch(
                 quiet,
                 f"{h.title} ({h.who}) holds the launch: it has not entered its loop, {what.state} {where} for "
                 f"{quiet:.0f} s ({what.text})" + (f" and {more}" if more else "") + _context(h, ranks, launcher, now),
-                pids=[h.pid, *(p.pid for p in ([launcher] if launcher is not None else []))],
+                procs=[h.ident, *(p.ident for p in ([launcher] if launcher is not None else []))],
                 doing=f"{what.state} ({what.text})",
             ).keep({h.label: ev} if ev is not None else {})
         ]

@@ -39,7 +39,7 @@ def not_started(run: Any, now_ns: int, stall_s: float, no_progress_s: float) -> 
                 age,
                 f"rank {proc.label} ({proc.who}) was started {age:.0f} s ago and has not reached "
                 f"its first phase ({state}){peers}",
-                pids=[proc.pid],
+                procs=[proc.ident],
             )
         )
     return out

@@ -63,11 +63,13 @@ def endings(run: RunView, gone: dict[int, procs.Ended | None]) -> list[Ending]:
             continue  # a helper of a launch that serves ended with it (its loop may not be traced)
         root = proc.root
         recorded = proc.exit  # an ``exit`` record someone wrote for it
+        # ``gone`` names pids of this host's journals: never another node's report with the same pid
+        mine = proc.remote is None and proc.host == procs.this_host() and proc.pid in gone
         if root is not None and root.status == "error":
             phase, seconds, text = _error_phase(proc)
             out.append(Ending(proc, root.end or proc.last_t, f"failed: {text}", phase, seconds, True))
-        elif proc.pid in gone or recorded is not None:
-            ended = gone.get(proc.pid)
+        elif mine or recorded is not None:
+            ended = gone.get(proc.pid) if mine else None
             if _finished_cleanly(proc, ended, recorded):
                 continue
             raised = [s.end for s in proc.spans.values() if s.status == "error" and s.end]
@@ -187,7 +189,7 @@ def findings(run: RunView, gone: dict[int, procs.Ended | None], ends: list[Endin
         first = stop[0]
         found = Finding(
             "stopped", "launch", first.proc.pid, None, first.in_phase_s or 0.0, stop_text(stop),
-            pids=[e.proc.pid for e in stop],
+            procs=[e.proc.ident for e in stop],
         )  # fmt: skip
         rest = [e for e in ends if e not in stop]
         return [found, *_each(rest, None)]
@@ -203,7 +205,7 @@ def _each(ends: list[Ending], root: Ending | None) -> list[Finding]:
             e.phase,
             e.in_phase_s or 0.0,
             describe(e, root),
-            pids=[e.proc.pid],
+            procs=[e.proc.ident],
         )
         for e in ends
     ]

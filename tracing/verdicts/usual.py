@@ -116,11 +116,11 @@ def annotate(run: RunView, found: list[Finding], now_ns: int, known_: Known | No
     a busy or slow rank's also how much of it is left by them."""
     if known_ is None or not found:
         return
-    procs = {p.pid: p for p in run.processes}
+    procs = {p.ident: p for p in run.processes}
     for f in found:
-        if f.kind == "unusual" or f.phase is None:
+        if f.kind == "unusual" or f.phase is None or f.proc is None:
             continue
-        u, span = known_.of(procs.get(f.pid), f.phase)
+        u, span = known_.of(procs.get(f.proc), f.phase)
         if u is None:
             continue
         text = takes(f.phase, u)
@@ -161,7 +161,7 @@ def unusual(run: RunView, now_ns: int, th: Thresholds, known_: Known | None, nam
             break
     out = []
     for key, got in past.items():
-        if all(p.pid in named or p.label in named for _, _, p in got):
+        if all(p.ident in named or p.pid in named or p.label in named for _, _, p in got):  # pid: a recorded verdict's
             continue
         first = got[0][2]
         elapsed, quiet = max(e for e, _, _ in got), min(q for _, q, _ in got)
@@ -176,7 +176,7 @@ def unusual(run: RunView, now_ns: int, th: Thresholds, known_: Known | None, nam
                 elapsed,
                 f"'{key}' {duration(elapsed)} on {_labels([p.label for _, _, p in got])} — no earlier start of this "
                 f"launch spent over {duration(u.max)} in it ({earlier}); no progress for {duration(quiet)}",
-                pids=[p.pid for _, _, p in got],
+                procs=[p.ident for _, _, p in got],
                 doing="past every earlier start",
             )
         )

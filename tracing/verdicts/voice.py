@@ -14,6 +14,8 @@ from ..reader.run import RunView
 from ..redact import printable, redact_text
 from .diagnose import PREFIX, VERDICT, Finding
 
+WAITING_BYTES = 64 << 10  # characters of the peers a diagnosis record says wait (``kept_waiting``)
+
 
 def word(finding: Finding) -> str:
     """``STALL``, ``DIED``, ``FAILED``, ``NOT STARTED``, ``STOPPED`` (alarms) or ``NOTICE``."""
@@ -40,10 +42,26 @@ def diagnosis_record(finding: Finding) -> dict[str, Any]:
         finding.phase,
         round(finding.since_s, 3),
         redact_text(finding.message),
-        finding.waiting,
+        kept_waiting(finding.waiting),
         finding.stacks,
         evidence=finding.evidence or None,
     )
+
+
+def kept_waiting(waiting: dict[str, str]) -> dict[str, str]:
+    """The peers a record says wait, in order, while their words fit ``WAITING_BYTES``; then one
+    entry ``…`` saying how many more. At 1024 ranks in a world barrier each peer's words name the
+    group and its 1024 members (~4 KB): all of them made a 4.2 MB record no reader takes
+    (``writer.RECORD_MAX``); the verdict's message names them all, compactly."""
+    out: dict[str, str] = {}
+    used = 0
+    for n, (label, text) in enumerate(waiting.items()):
+        used += len(label) + len(text)
+        if used > WAITING_BYTES:
+            out["…"] = f"{len(waiting) - n} more peers wait (not kept in this record)"
+            break
+        out[label] = text
+    return out
 
 
 def speak(

@@ -26,7 +26,7 @@ from typing import Any, TextIO
 from .. import files, keys, process_state, procs
 from ..journal import records
 from ..journal.layout import STARTUP_FILE
-from ..reader.run import ProcessRec, RunView
+from ..reader.run import ProcessRec, ProcId, RunView
 from ..recorder import metrics, otlp, runtime
 from ..redact import printable, redact_text
 from . import evidence, postmortem, startup, usual, voice
@@ -68,7 +68,7 @@ class Watchdog:
         py_spy: bool = True,
     ) -> None:
         self.run = RunView(run_dir)
-        self.named: set[int] = set()  # pids a verdict has named
+        self.named: set[ProcId] = set()  # processes a verdict has named
         self.quick = False  # last words: verdict lines only
         self.when_ranks_ready: Callable[[], None] | None = None  # called once, when every rank is ready
         self.expect_ranks = 1  # ... and there are at least this many (a node ≥ 1 of a multi-node launch)
@@ -126,11 +126,12 @@ class Watchdog:
                 f
                 for f in findings
                 if f.key not in self.first_seen
-                and not (f.kind == "not_started" and f.pid in self.named)  # named already as stalled
+                and not (f.kind == "not_started" and f.proc in self.named)  # named already as stalled
             ]
             for finding in new:
                 self.first_seen[finding.key] = time.monotonic()
-                self.named.add(finding.pid)
+                if finding.proc is not None:
+                    self.named.add(finding.proc)
                 self.act(finding)
             if self.keeps and any(f.alarm for f in new) and not (self.keeper is not None and self.keeper.final):
                 keep(self, final=False)  # a launcher killed after its stall still leaves its start
@@ -187,14 +188,20 @@ class Watchdog:
 
     def act(self, finding: Finding) -> None:
         finding.message = redact_text(finding.message)
-        procs_by_pid = {p.pid: p for p in self.run.processes}
-        involved = [procs_by_pid[pid] for pid in dict.fromkeys(finding.pids) if pid in procs_by_pid][:MAX_STACKS]
+        involved = self.involved(finding)
         if finding.alarm and finding.kind not in ("died", "failed", "stopped"):
             finding.stacks = [] if self.quick else self.take_stacks(involved, finding)
             self._native_frame(finding, involved)
         voice.speak(finding, self.out, self.record, self.run, self.hints_said)
         if not self.quick:
             self._export(finding, involved)
+
+    def involved(self, finding: Finding) -> list[ProcessRec]:
+        """The processes a finding names, as read (``ProcId``: host, pid and source, never a pid alone,
+        which another node's report may share with a rank of this host): what ``take_stacks`` may act
+        on, and only on those read from this host's own journals (``pinned``)."""
+        by_id = {p.ident: p for p in self.run.processes}
+        return [by_id[i] for i in dict.fromkeys(finding.procs) if i in by_id][:MAX_STACKS]
 
     def take_stacks(self, involved: list[ProcessRec], finding: Finding) -> list[str]:
         """Stacks of the involved processes proven to be ours: py-spy (out of process) for the rank
