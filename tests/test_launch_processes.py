@@ -149,7 +149,7 @@ def test_the_launcher_blocked_on_a_dead_proxy_in_its_tokenizer_manager_is_named_
     assert line.startswith("sglang-phasetrace: STALL the launcher (pid "), line
     assert "is blocked in 'tokenizer_manager.init'" in line, line
     assert re.search(rf"waits in `recv\w*` on 127\.0\.0\.1:{port} \(connected, nothing received", line), line
-    assert took <= 20, took  # the blocked bound (8 s) and a pass or two, not the no-progress bound (120 s)
+    assert took <= 40, took  # the blocked bound (8 s) and a few passes on a loaded host, not the 120 s bound
     [record] = [d for d in engine.diagnoses() if d["label"] == "launcher"]
     ev = evidence.from_builtins(record["evidence"]["launcher"])
     assert ev is not None and ev.cause == "socket" and ev.sockets[0].remote == f"127.0.0.1:{port}"
@@ -179,7 +179,7 @@ def test_the_launcher_waiting_for_a_file_lock_in_its_own_init_is_named_with_the_
     assert line.startswith("sglang-phasetrace: STALL the launcher (pid "), line
     assert "is blocked in 'tokenizer_manager.init'" in line and str(lock) in line, line
     assert f"held by pid {holder.pid}" in line and "not part of this launch" in line, line
-    assert took <= 20, took
+    assert took <= 40, took  # as above
 
 
 # -- the launch's other processes -----------------------------------------------------------------------------
@@ -238,7 +238,7 @@ def test_a_dp_controller_blocked_before_its_ranks_is_named(launch) -> None:
     assert re.match(r"sglang-phasetrace: STALL dp-controller \(pid \d+\) is blocked in 'dp_controller.init'", line), (
         line
     )
-    assert f"127.0.0.1:{port}" in line and took <= 20, (took, line)
+    assert f"127.0.0.1:{port}" in line and took <= 40, (took, line)
 
 
 # -- a launch stopped from outside ----------------------------------------------------------------------------

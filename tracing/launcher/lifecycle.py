@@ -80,7 +80,7 @@ def ready(dog: Watchdog) -> None:
         dog.crossnode.finish()
     keep(dog)
     index_later(dog, serving=True)
-    threading.Thread(target=dog.publish_now, name="phasetrace-serving-state", daemon=True).start()
+    threading.Thread(target=dog.publish_serving, name="phasetrace-serving-state", daemon=True).start()
 
 
 def index_later(dog: Watchdog, serving: bool) -> None:

@@ -155,15 +155,23 @@ class Watchdog:
             if process_state.say_once(("startup state", repr(exc))):
                 log.warning("sglang-phasetrace: the start's state not published: %r", exc)
 
-    def publish_now(self) -> None:
-        """One more state after the watchdog stopped (the launch serves): the journals read again."""
-        with self.lock:
-            try:
-                self.run.refresh()
-            except Exception as exc:
-                log.debug("sglang-phasetrace: serving state not read: %r", exc)
+    def publish_serving(self, beats: int = 4) -> None:
+        """The state once the launch serves (the watchdog has stopped): read again each half beat
+        until every rank of this node has ended its start too (it learns that the launch serves at
+        its next heartbeat), ``beats`` heartbeats at most. Never raises."""
+        deadline = time.monotonic() + beats * self.thresholds.heartbeat_s
+        while True:
+            with self.lock:
+                try:
+                    self.run.refresh()
+                except Exception as exc:
+                    log.debug("sglang-phasetrace: serving state not read: %r", exc)
+                    return
+                self.publish([], time.time_ns())
+                local = [p for p in self.run.ranks if p.remote is None]
+            if all(p.ready for p in local) or time.monotonic() >= deadline:
                 return
-            self.publish([], time.time_ns())
+            time.sleep(self.thresholds.heartbeat_s / 2)
 
     def _look_for_exits(self) -> bool:
         """Rank and helper processes of this host that ended before they were ready; how, where we can
