@@ -206,7 +206,7 @@ def trace_run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """In-process tracing: a fresh process state (``tracing.process_state``: runtime, heartbeat,
     collectives, say-once memory…) journaling into ``tmp_path/run`` (journal only, no exporter,
     heartbeats quiet); stopped, closed and reset afterwards, with the signal handlers as they were.
-    Read spans back with ``tracing.rundir.load_run``."""
+    Read spans back with ``tracing.reader.load.load_run``."""
     from sglang_phasetrace.tracing import process_state
 
     path = tmp_path / "run"

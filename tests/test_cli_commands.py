@@ -243,7 +243,7 @@ def test_a_large_run_read_on_two_cores_is_the_same_run(
 
 def _what_verdicts_read(run: rundir.RunView, phases: set[str]) -> list:
     """Per rank, every answer the verdicts take from its spans (``diagnose``, ``postmortem``,
-    ``hints``, ``cli.findings``): where it is or was between phases, how often each phase ended and
+    ``hints``, ``verdicts.findings``): where it is or was between phases, how often each phase ended and
     when last, its latest span of each phase with its ancestors, where it was at its end, progress."""
     out = []
     for proc in run.ranks:

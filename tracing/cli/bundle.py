@@ -7,7 +7,7 @@ of environment variables, ``nvidia-smi -q`` and the kernel log's tail (OOM kills
 and ``SUMMARY.md`` to paste into the issue. Every byte that goes in passes through ``tracing.redact``
 (journal records through ``redact``, text through ``redact_text``). Files are read only as regular
 files inside the run directory (never through a link), each within a cap (journals as every reader
-reads them: ``journal.JournalTail``); the archive is created 0600. What could not be collected is
+reads them: ``journal.reader.JournalTail``); the archive is created 0600. What could not be collected is
 said in ``SUMMARY.md``, never fatal.
 """
 
@@ -154,7 +154,7 @@ def _read(path: Path, bundle: Bundle, limit: int = -1, tail: bool = False) -> by
 
 def copy_journal(path: Path, bundle: Bundle) -> bytes:
     """The journal at ``path`` redacted, read a piece at a time as readers read it: a line over
-    ``journal.LINE_MAX`` and whatever lies past ``journal.journal_max()`` are left out (said in
+    ``journal.reader.LINE_MAX`` and whatever lies past ``journal.reader.journal_max()`` are left out (said in
     SUMMARY.md), so a huge or sparse file costs neither memory nor the archive's size."""
     tail = JournalTail(path)
     data = b"".join(redact_journal(lines) for lines, _ in tail.pieces(final=True))

@@ -27,7 +27,7 @@ Kinds (schema version 1):
 ``heartbeat``  liveness and progress: ``seq``; ``pid``, ``label``, ``ready``, ``interval_s``, ``phases``
                (``span``, ``name``, ``phase``, ``since_s``, ``progress``), ``collective``, ``collectives``,
                ``cpu_s``, ``rss``, ``threads``, ``gpu``, ``runtime_calls``; what the process did since its
-               previous beat (``tracing.activity``): ``dt_s``, ``main`` (``state``, ``cpu_s``), ``majflt``,
+               previous beat (``tracing.recorder.activity``): ``dt_s``, ``main`` (``state``, ``cpu_s``), ``majflt``,
                ``io_b``, ``child_cpu_s``; in the status file only, ``journal_unwritten`` (``error``,
                ``since``, ``held``, ``dropped``) while journal writes fail
 ``collective`` an init collective entered or left: ``edge`` (enter/exit), ``op``, ``group``, ``seq``;

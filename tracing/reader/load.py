@@ -549,7 +549,7 @@ def _levels(spans: dict[str, SpanRec]) -> dict[str, int]:
 
 def _shallow(proc: ProcessRec, depth: int, levels: dict[str, int]) -> list[SpanRec]:
     """The spans a reader drawing down to ``depth`` needs, and every span a verdict reads
-    (``diagnose``, ``postmortem``, ``hints``, ``cli.findings``), in their order, with their ancestors
+    (``diagnose``, ``postmortem``, ``hints``, ``verdicts.findings``), in their order, with their ancestors
     (so depths read from the spans sent are the same): those down to ``depth``; the open or failed
     ones; graph-capture steps that ended under an open one (the progress estimate); each phase's latest
     (whether a recorded verdict still holds); the latest to end, and any ending at the process's

@@ -61,7 +61,7 @@ class ProcessRec:
     exit: dict[str, Any] | None = None  # the ``exit`` record another process wrote about this one
     told: list[dict[str, Any]] = field(default_factory=list)  # ``exit`` records about others
     launch: dict[str, Any] | None = None  # the ``launch`` record a node's launcher wrote (multi-node)
-    remote: str | None = None  # set for a process another node reported (``tracing.crossnode``)
+    remote: str | None = None  # set for a process another node reported (``tracing.verdicts.crossnode``)
     # phase -> [how many, latest end] of the spans that ended well and a shallow read left out (``_shallow``)
     dropped: dict[str, list[int]] = field(default_factory=dict)
 
@@ -329,7 +329,7 @@ class RunView:
                 proc.exit = r
 
     def set_remote(self, source: str, processes: list[ProcessRec]) -> None:
-        """Processes another node reported (``tracing.crossnode``), replacing what it said before."""
+        """Processes another node reported (``tracing.verdicts.crossnode``), replacing what it said before."""
         self.remote[source] = processes
 
     @property
@@ -419,7 +419,7 @@ def _apply_all(tail: JournalTail, proc: ProcessRec, chunk: tuple[dict[str, list[
     if begins := bulk.get("begin"):
         spans.update(zip(map(_SPAN_ID, begins), begins, strict=True))
         latest = max(map(_START, begins))
-    for i, r in enumerate(records):  # other kinds, and bulk kinds written otherwise than by ``journal.dumps``
+    for i, r in enumerate(records):  # other kinds, and bulk kinds written otherwise than by ``journal.writer.dumps``
         try:
             proc.apply(r)
         except Exception as exc:

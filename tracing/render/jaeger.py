@@ -170,7 +170,7 @@ def _span(bar: Bar, process_id: str, flags: Marks) -> dict[str, Any]:
 
 
 def to_jaeger(lay: Layout, found: list[Finding] | None = None) -> dict[str, Any]:
-    """``found``: the run's verdicts (``cli.findings``), root cause first; its culprit is flagged.
+    """``found``: the run's verdicts (``verdicts.findings``), root cause first; its culprit is flagged.
     The document ``jaeger_chunks`` writes, as a value."""
     return json.loads(b"".join(resolve(jaeger_chunks(lay, found))))
 

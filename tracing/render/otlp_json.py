@@ -133,7 +133,7 @@ def _span(bar: Bar, flags: Marks) -> dict[str, Any]:
 
 
 def to_otlp_json(lay: Layout, found: list[Finding] | None = None) -> dict[str, Any]:
-    """``found``: the run's verdicts (``cli.findings``), root cause first; its culprit is flagged.
+    """``found``: the run's verdicts (``verdicts.findings``), root cause first; its culprit is flagged.
     The document ``otlp_chunks`` writes, as a value."""
     return json.loads(b"".join(resolve(otlp_chunks(lay, found))))
 

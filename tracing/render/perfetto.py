@@ -33,7 +33,7 @@ def _args(attrs: dict[str, Any]) -> dict[str, Any]:
 
 
 def to_perfetto(lay: Layout, found: list[Finding] | None = None) -> dict[str, Any]:
-    """``found``: the run's verdicts (``cli.findings``), root cause first; its culprit is flagged.
+    """``found``: the run's verdicts (``verdicts.findings``), root cause first; its culprit is flagged.
     The document ``perfetto_chunks`` writes, as a value."""
     return json.loads(b"".join(resolve(perfetto_chunks(lay, found))))
 
