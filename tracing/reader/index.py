@@ -41,9 +41,9 @@ from typing import Any, get_type_hints
 import msgspec
 
 from .. import files, procs
+from ..journal.bulk_decode import SpanRec
 from ..journal.layout import JOURNAL_DIR
 from ..journal.reader import JournalTail, journal_max
-from ..journal.schema import SpanRec
 from ..redact import printable
 from .run import ProcessRec, RunView
 

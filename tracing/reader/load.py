@@ -21,9 +21,9 @@ from typing import Any
 import msgspec
 
 from .. import keys
+from ..journal.bulk_decode import SpanRec
 from ..journal.layout import JOURNAL_DIR
 from ..journal.reader import JournalTail
-from ..journal.schema import SpanRec
 from . import index
 from .run import ProcessRec, RunView, _apply_all
 

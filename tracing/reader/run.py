@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import keys
+from ..journal.bulk_decode import SpanRec, span_from
 from ..journal.layout import JOURNAL_DIR, STATUS_DIR
 from ..journal.reader import JournalTail, _loads, read_regular
-from ..journal.schema import SpanRec, span_from, trim, validate
+from ..journal.schema import trim, validate
 
 __all__ = ["ProcessRec", "RunView", "SpanRec", "node_of"]
 
@@ -85,7 +86,7 @@ class ProcessRec:
             span = self.spans.get(r["span"])
             if span is not None:
                 span.end, span.status = t, r.get("status") or "ok"
-                span.attrs = {**span.attrs, **(r.get("attrs") or {})}  # shared (``schema._AttrsCache``)
+                span.attrs = {**span.attrs, **(r.get("attrs") or {})}  # shared (``bulk_decode._AttrsCache``)
                 span.error = r.get("error")
         elif kind == "event":
             span = self.spans.get(r["span"])
@@ -457,7 +458,7 @@ _SPAN_ID, _START, _T, _NAME = attrgetter("span_id"), attrgetter("start"), attrge
 
 def _merged(attrs: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
     """A span's attrs with its ``end`` record's: a new dict, one per pair, since both are shared
-    (``schema._AttrsCache``) — spans with equal attrs keep sharing one (renderers cache by it)."""
+    (``bulk_decode._AttrsCache``) — spans with equal attrs keep sharing one (renderers cache by it)."""
     key = (id(attrs), id(more))
     hit = _MERGED.get(key)
     if hit is not None and hit[0] is attrs and hit[1] is more:  # both held: ids not reused meanwhile

@@ -304,7 +304,7 @@ class _Work:
     def __init__(self, trace_map: dict[str, str], depth: int | None, attrs: bool) -> None:
         self.trace_map, self.depth, self.scrub = trace_map, depth, attrs
         # id(attrs as read) -> (attrs id, as shown, as read, a span name, its phase key): spans share
-        # attrs objects (``schema._AttrsCache``), and their copies a name
+        # attrs objects (``bulk_decode._AttrsCache``), and their copies a name
         self.by_object: dict[int, tuple[int, dict[str, Any], dict[str, Any], str, str]] = {}
         self.taken: set[str] = set()
 
@@ -324,7 +324,7 @@ class _Work:
                 continue
             attrs = span.attrs
             aid = -1
-            if scrub and (hit := by_object.get(id(attrs))) is not None:  # shared by spans (``schema._AttrsCache``)
+            if scrub and (hit := by_object.get(id(attrs))) is not None:  # shared by spans (``bulk_decode._AttrsCache``)
                 aid, shown, _, named, key = hit
                 if shown is not attrs:
                     span.attrs = attrs = shown
@@ -362,7 +362,7 @@ class _Work:
             taken.add(uid)
             parent = own.get(parent_id) if parent_id else None
             end = span.end if span.end is not None else max(until, span.start)
-            if not scrub:  # a phase key per attrs object and name (spans share attrs: ``schema._AttrsCache``)
+            if not scrub:  # a phase key per attrs object and name (spans share attrs: ``bulk_decode._AttrsCache``)
                 hit = by_object.get(id(attrs))
                 if hit is not None and hit[3] == span.name:
                     key = hit[4]
