@@ -153,6 +153,7 @@ def _layout() -> str:
         here / "load.py",
         here.parent / "journal" / "reader.py",
         here.parent / "journal" / "schema.py",
+        here.parent / "journal" / "bulk_decode.py",
     ):
         try:
             code.append(zlib.crc32(source.read_bytes()))
