@@ -60,7 +60,12 @@ def _name(fn: Callable[..., Any]) -> str:
 
 
 def can_fork() -> bool:
-    return sys.platform.startswith("linux") and threading.active_count() == 1
+    """Linux, no other thread here, and not a daemonic ``multiprocessing`` process (it may have none)."""
+    return (
+        sys.platform.startswith("linux")
+        and threading.active_count() == 1
+        and not multiprocessing.current_process().daemon
+    )
 
 
 class HelperLost(Exception):
