@@ -9,7 +9,8 @@ The whole interface, used by ``reader.load`` (a share of a large run's journals 
 * ``Helper.start(setup, serve)``: fork; the child runs ``setup(answer)`` (``answer(x)``: its first
   reply) and, with ``serve``, then runs each job asked of it on what ``setup`` returned, in order,
   until this process closes it. ``call`` asks, ``reply`` takes the next answer, ``close`` ends it.
-* ``HelperLost``: no answer (the job failed, or the child died): the caller does it itself.
+* ``HelperLost``: no answer (the job failed, or the child died): the caller does it itself. So is a
+  job whose module was first imported after the fork: the child has no such job.
 
 Messages are pickled and framed by one ``multiprocessing`` duplex connection; a descriptor is passed
 over it by ``multiprocessing.reduction``. The fork happens only where it is safe: on Linux, with no
