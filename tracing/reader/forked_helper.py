@@ -154,8 +154,8 @@ def _child(conn: Connection, setup: Callable[[Callable[[Any], None]], Any], serv
                 if fd is not None:
                     os.close(fd)
             conn.send(answer)
-    except Exception:  # the parent is gone, or setup failed: its reply says so
-        raise SystemExit(1) from None
+    except BaseException:  # the parent is gone, setup failed (its reply says so), or Ctrl-C: quietly
+        os._exit(1)
 
 
 def _widen(conn: Connection) -> None:
