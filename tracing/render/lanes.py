@@ -119,7 +119,7 @@ def _rehash(span_id: str, proc: ProcessRec, taken: set[str]) -> str:
 
 
 def _horizon(procs: list[ProcessRec], bounds: dict[Any, tuple[list[int], int]]) -> int:
-    """The latest record or span time of ``procs`` (``bounds``: a split run's child's, of all its spans)."""
+    """The latest record or span time of ``procs`` (``bounds``: a split run's helper's, of all its spans)."""
     times = [p.last_t for p in procs] + [s.end or s.start for p in procs for s in p.spans.values()]
     times += [got[1] for p in procs if (got := bounds.get(p.path))]
     return max(times or [0])
@@ -143,11 +143,11 @@ def layout(run: RunView, now: int | None = None, depth: int | None = None, attrs
     under its own trace id before the nodes agreed), and lanes of a multi-node launch are labelled
     with their node.
 
-    A ``split`` run (``RunView.split``): here the lanes of the processes a forked child holds have
+    A ``split`` run (``RunView.split``): here the lanes of the processes a forked helper holds have
     only the bars every verdict reads; whatever needs all of a lane's bars goes through ``lane_jobs.lanes_map``."""
     split = run.split
     if split is not None and split.lost:
-        split.whole()  # the child was lost: its processes are read here
+        split.whole()  # the helper was lost: its processes are read here
         split = None
     procs = [p for p in run.processes if p.spans or p.role != "watchdog"]
     bounds = split.bounds if split is not None else {}
@@ -271,15 +271,15 @@ class _Work:
 
 
 class Part:
-    """The lanes of a split run's child: what it needs to lay them out as ``layout`` would have (sent
-    as ``layout`` begins, so both lay out at once), and the lanes once made here (the child lost)."""
+    """The lanes of a split run's helper: what it needs to lay them out as ``layout`` would have (sent
+    as ``layout`` begins, so both lay out at once), and the lanes once made here (the helper lost)."""
 
     _TOKENS = itertools.count(1)
 
     def __init__(self, split: Split, ctx: dict[str, Any], indices: set[int]) -> None:
         self.split, self.ctx, self.indices = split, ctx, indices
-        self.pending = False  # the child is laying out (``_part_prepare``): its answer is yet to be read
-        self.here: dict[int, Lane] | None = None  # index -> lane, laid out here (the child was lost)
+        self.pending = False  # the helper is laying out (``_part_prepare``): its answer is yet to be read
+        self.here: dict[int, Lane] | None = None  # index -> lane, laid out here (the helper was lost)
 
     @classmethod
     def start(
@@ -293,7 +293,7 @@ class Part:
         attrs: bool,
     ) -> Part:
         theirs = [i for i, proc in enumerate(procs) if proc.path in split.paths and proc.remote is None]
-        wanted = {  # parents elsewhere of the child's roots (a root is never left out of a shallow state)
+        wanted = {  # parents elsewhere of the helper's roots (a root is never left out of a shallow state)
             span.parent_id
             for i in theirs
             for span in procs[i].spans.values()
@@ -325,7 +325,7 @@ class Part:
 
 
 def part_lanes(procs: dict[str, ProcessRec], ctx: dict[str, Any]) -> list[Lane]:
-    """The lanes of ``procs`` (the child's processes, whole) as ``layout`` made them in one process."""
+    """The lanes of ``procs`` (the helper's processes, whole) as ``layout`` made them in one process."""
     work = _Work(ctx["trace_map"], ctx["depth"], ctx["attrs"])
     lanes, owned, elsewhere = [], {}, []
     for path, index, label, until in ctx["lanes"]:
