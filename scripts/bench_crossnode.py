@@ -1,4 +1,4 @@
-"""Benchmark: the cross-node channel (``tracing.relay``) at 8 and 64 nodes of 8 ranks, simulated.
+"""Benchmark: the cross-node channel (``tracing.channel.relay``) at 8 and 64 nodes of 8 ranks, simulated.
 
 A torch ``TCPStore`` master in its own process stands in for world rank 0's store (the one
 ``init_process_group`` creates at ``--dist-init-addr``). Nodes 1..N-1 are simulated by a few
@@ -7,7 +7,7 @@ publisher processes (a machine with 2 cores cannot run 64 launchers), each node 
 offset within the beat (real nodes are not in step). This process is node 0: every heartbeat it
 publishes its own snapshot, reads everybody else's and decodes them, as its watchdog would.
 
-Snapshot shape: what ``tracing.crossnode.snapshot`` sends, built with ``tracing.records``: per
+Snapshot shape: what ``tracing.channel.crossnode.snapshot`` sends, built with ``tracing.journal.records``: per
 process (8 ranks + the launcher) a ``process`` and an ``identity`` record, the root and ~6 open
 phases as ``begin`` records (``sglang.phase``, a group name, the tp rank), ``--beats`` heartbeats
 (each ~4 phases and a collective in flight) and one open collective.
@@ -16,7 +16,7 @@ Prints per size: store operations per heartbeat (measured, all nodes), one node'
 (compressed / raw), what node 0 reads per pass (keys, bytes), its read latency p50/p95 and decode
 time, and the store master's CPU (the load the channel puts on rank 0's process). Then, on the
 payloads of the last pass, decode + validate per pass before issue 29 (``json.loads`` of the whole
-value, then ``schema.validate`` per record) and now (msgspec into ``tracing.snapshot.Snapshot``:
+value, then ``schema.validate`` per record) and now (msgspec into ``tracing.channel.node_snapshot.Snapshot``:
 types, sizes, ranges, depth; then the records as dicts), and their ratio.
 
     python scripts/bench_crossnode.py [--sizes 8,64] [--ranks 8] [--seconds 20] [--beats 4]

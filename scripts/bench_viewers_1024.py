@@ -3,7 +3,7 @@ each verb with the run's index (``reader.index``) and without it, against the pa
 
     python scripts/make_tiny_model.py /tmp/tiny
     SGLANG_PHASETRACE_DIR=/tmp/runs PYTHONPATH=sitecustomize_hooks python scripts/start_engine.py /tmp/tiny --tp 2
-    python scripts/bench_viewers_1024.py /tmp/runs/<run id> [--ranks 1024] [--copies 10] [--repeat 3]
+    python scripts/bench_viewers_1024.py /tmp/runs/<run id> [--ranks 1024] [--copies 10] [--repeat 3] [--before REF]
 
 The real run's rank journals (and status files) are cloned to ``--ranks`` ranks, alternating its
 ranks as templates, with each span below the rank root repeated ``--copies`` times (fresh span ids,
@@ -17,6 +17,10 @@ is ≈ 1.8 floors). The index is written once first, by the detached writer's ow
 cost is shown. Bytecode is cached as deployed (one warm-up run per verb writes it).
 Machines differ several-fold, and this VM by 2x within an hour (it parsed 178 MB in 0.5-1.4 s);
 the floor ratio travels better.
+
+``--before REF``: the same verbs of the code at git ``REF`` too (its tree exported and put first on
+``PYTHONPATH``; a copy of the run, indexed by that code), before and after alternating within each
+round, so both meet the same moments of a shared machine.
 """
 
 from __future__ import annotations
@@ -152,6 +156,30 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     return seconds, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
+def export_tree(ref: str, dest: Path) -> Path:
+    """The code at git ``ref`` as an importable ``sglang_phasetrace`` package under ``dest``."""
+    package = dest / "sglang_phasetrace"
+    package.mkdir(parents=True)
+    tree = subprocess.run(
+        ["git", "archive", ref, "tracing", "patches", "sitecustomize_hooks"],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(package)], input=tree, check=True)
+    (package / "__init__.py").touch()
+    return dest
+
+
+def write_index(run: Path, env: dict[str, str]) -> float:
+    """The run's index written by the detached writer's own entry point (start-up included): seconds."""
+    (run / "index.msgpack").unlink(missing_ok=True)
+    seconds = timed([sys.executable, "-m", INDEX, str(run)], env)[0]
+    if not (run / "index.msgpack").is_file():
+        raise SystemExit(f"{run}: no index written (is every process of the run gone?)")
+    return seconds
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source", type=Path, help="a real traced run directory (tp >= 1)")
@@ -159,6 +187,7 @@ def main() -> int:
     parser.add_argument("--copies", type=int, default=10, help="times each span below the rank root appears (< 15)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds; the best of each verb is shown")
     parser.add_argument("--keep", type=Path, help="build the clone here and keep it (for profiling)")
+    parser.add_argument("--before", metavar="REF", help="also time the code at this git ref, alternating with this")
     parser.add_argument(
         "--verbs",
         nargs="+",
@@ -180,35 +209,50 @@ def main() -> int:
         size = sum(f.stat().st_size for f in journals)
         spans = sum(f.read_bytes().count(b'"kind":"begin"') for f in journals)
         print(f"{args.ranks} ranks, {spans} spans ({spans / args.ranks:.0f} per rank), journals {size / 1e6:.0f} MB")
-        (run / "index.msgpack").unlink(missing_ok=True)
-        writer = timed([sys.executable, "-m", INDEX, str(run)], env)[0]  # the detached writer's work, start-up included
-        if not (run / "index.msgpack").is_file():
-            raise SystemExit(f"{run}: no index written (is every process of the run gone?)")
+        writer = write_index(run, env)
         index_mb = (run / "index.msgpack").stat().st_size / 1e6
         print(f"index: {index_mb:.0f} MB, written in {writer:.2f} s by its own process (off every viewer's path)")
-        argvs = {name: [phasetrace] + [a.format(run=run, out=out) for a in VERBS[name]] for name in args.verbs}
-        for argv in argvs.values():  # bytecode written
-            timed(argv, env)
-        best = {(name, mode): (float("inf"), 0.0) for name in args.verbs for mode in ("indexed", "plain")}
+        sides = {"after": (run, env, plain_env)}  # the code here; with --before, the code at REF first
+        if args.before:
+            code = export_tree(args.before, Path(tmp) / "before")
+            old = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(code), env.get("PYTHONPATH")]))}
+            copy = Path(tmp) / "run-before" / run.name
+            shutil.copytree(run, copy, ignore=shutil.ignore_patterns("index.msgpack"))
+            took = write_index(copy, old)
+            print(f"before ({args.before}): its index written in {took:.2f} s")
+            sides = {"before": (copy, old, {**old, "SGLANG_PHASETRACE_INDEX": "0"}), **sides}
+        argvs = {
+            (name, side): [phasetrace] + [a.format(run=where, out=out) for a in VERBS[name]]
+            for name in args.verbs
+            for side, (where, _, _) in sides.items()
+        }
+        for (_, side), argv in argvs.items():  # bytecode written
+            timed(argv, sides[side][1])
+        modes = [(side, mode) for side in sides for mode in ("indexed", "plain")]
+        best = {(name, side, mode): (float("inf"), 0.0) for name in args.verbs for side, mode in modes}
         floors = []
-        for _ in range(args.repeat):  # interleaved: a slow minute of this VM slows both
+        for round_ in range(args.repeat):  # interleaved: a slow minute of this VM slows both
             floors.append(floor_s(run, 1))
-            for name, argv in argvs.items():
-                best[name, "indexed"] = min(best[name, "indexed"], timed(argv, env))
-                best[name, "plain"] = min(best[name, "plain"], timed(argv, plain_env))
+            for name in args.verbs:
+                for side, mode in modes if round_ % 2 == 0 else modes[::-1]:
+                    _, indexed, plain = sides[side]
+                    took = timed(argvs[name, side], indexed if mode == "indexed" else plain)
+                    best[name, side, mode] = min(best[name, side, mode], took)
         floor = min(floors)
         rounds = ", ".join(f"{f:.2f}" for f in floors)
         print(f"floor (orjson, line by line, one process): {floor:.2f} s (each round: {rounds})")
         print("wall seconds, best of the rounds (cpu: the verb's own process in that run)")
-        head = f"{'verb':<17} {'indexed':>8} {'cpu':>5} {'/ floor':>8} {'/ 1 s':>6}"
-        print(f"{head} {'plain':>8} {'cpu':>5} {'/ floor':>8} {'/ 2 s':>6}")
-        for name in args.verbs:
-            (a, a_cpu), (b, b_cpu) = best[name, "indexed"], best[name, "plain"]
-            print(
-                f"{name:<17} {a:>8.2f} {a_cpu:>5.2f} {a / floor:>8.2f} {a / GOAL_INDEXED_S:>6.2f} "
-                f"{b:>8.2f} {b_cpu:>5.2f} {b / floor:>8.2f} {b / GOAL_PLAIN_S:>6.2f}",
-                flush=True,
-            )
+        for side in sides:
+            print(f"-- {side}" + (f" ({args.before})" if side == "before" else " (this checkout)"))
+            head = f"{'verb':<17} {'indexed':>8} {'cpu':>5} {'/ floor':>8} {'/ 1 s':>6}"
+            print(f"{head} {'plain':>8} {'cpu':>5} {'/ floor':>8} {'/ 2 s':>6}")
+            for name in args.verbs:
+                (a, a_cpu), (b, b_cpu) = best[name, side, "indexed"], best[name, side, "plain"]
+                print(
+                    f"{name:<17} {a:>8.2f} {a_cpu:>5.2f} {a / floor:>8.2f} {a / GOAL_INDEXED_S:>6.2f} "
+                    f"{b:>8.2f} {b_cpu:>5.2f} {b / floor:>8.2f} {b / GOAL_PLAIN_S:>6.2f}",
+                    flush=True,
+                )
     return 0
 
 

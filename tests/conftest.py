@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import types
 import uuid
 from dataclasses import dataclass
@@ -206,7 +207,7 @@ def trace_run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """In-process tracing: a fresh process state (``tracing.process_state``: runtime, heartbeat,
     collectives, say-once memory…) journaling into ``tmp_path/run`` (journal only, no exporter,
     heartbeats quiet); stopped, closed and reset afterwards, with the signal handlers as they were.
-    Read spans back with ``tracing.rundir.load_run``."""
+    Read spans back with ``tracing.reader.load.load_run``."""
     from sglang_phasetrace.tracing import process_state
 
     path = tmp_path / "run"
@@ -264,7 +265,9 @@ STARTS_SGLANG = frozenset({"tiny_model", "engine_run", "live_run"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Refuse, at collection, a test that starts SGLang without the ``sglang`` marker."""
+    """Refuse, at collection, a test that starts SGLang without the ``sglang`` marker; put the
+    ``forks`` tests first (``pytest_pyfunc_call``)."""
+    items.sort(key=lambda item: item.get_closest_marker("forks") is None)  # stable: otherwise as collected
 
     def needs(item: pytest.Item) -> bool:
         skips = [m for m in item.iter_markers("skipif") if m.kwargs.get("reason") == NO_SGLANG]
@@ -276,3 +279,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "these tests need real SGLang (@requires_sglang, or a fixture in conftest.STARTS_SGLANG) without "
             "@pytest.mark.sglang: " + ", ".join(unmarked)
         )
+
+
+# The large-run read forks a helper (``reader.forked_helper``), which it does only in a process where no
+# other thread runs. A ``forks`` test is of that path, so it must run in such a process, never skip:
+# those tests run first in a session (``pytest_collection_modifyitems``), before any test leaves a
+# thread running (a receiver's server, an exporter's worker); should one run all the same (another
+# order, a plugin), the test is run again alone in a fresh pytest process, where none may run.
+ALONE = "PHASETRACE_TEST_ALONE"
+
+
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    if pyfuncitem.get_closest_marker("forks") is None or threading.active_count() == 1:
+        return None
+    others = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
+    if os.environ.get(ALONE):
+        pytest.fail(f"threads run in a fresh test process, so it cannot fork: {others}")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", pyfuncitem.nodeid],
+        cwd=pyfuncitem.config.rootpath,
+        env={**os.environ, ALONE: "1"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if done.returncode != 0:
+        pytest.fail(f"run alone (threads here: {others}), it failed:\n{done.stdout[-6000:]}{done.stderr[-2000:]}")
+    return True  # it ran, and passed, in that process

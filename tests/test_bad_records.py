@@ -24,8 +24,8 @@ import pytest
 from cli_fixtures import HOST, build_run
 from rich.console import Console
 from sglang_phasetrace.tracing.cli import main
+from sglang_phasetrace.tracing.journal import bulk_decode, records, schema, writer
 from sglang_phasetrace.tracing.journal import reader as journal
-from sglang_phasetrace.tracing.journal import records, schema, writer
 from sglang_phasetrace.tracing.reader.load import load_run
 from sglang_phasetrace.tracing.reader.run import ProcessRec, RunView
 from sglang_phasetrace.tracing.render.compare_table import ranks_table, runs_table
@@ -47,7 +47,7 @@ T = 1_000  # a time inside the run is not needed: a bad record is never used
 SPAN = "ab" * 8
 DEEP = 900  # levels: within orjson's limit (1024), beyond what a recursive walk of a record survives
 NESTED = "\x00nested"  # stands for a list nested DEEP deep: written as text, never built by recursion
-LONG = "\x00long"  # stands for a string of 2 MiB: its line is over the line cap (``journal.LINE_MAX``)
+LONG = "\x00long"  # stands for a string of 2 MiB: its line is over the line cap (``journal.reader.LINE_MAX``)
 HUGE = 2**64 * 10**380  # 400 digits: orjson refuses the line; msgspec decodes it
 
 # Per kind: a valid record, and ways to break it (field -> wrong value; None = the field removed).
@@ -249,16 +249,78 @@ def test_the_valid_records_are_valid_and_each_breakage_is_named() -> None:
     )
 
 
+WORDED = [  # (kind, a change to its valid record, the reason): each way a type or bound is refused
+    ("exit", {"pid": None}, "'pid' must not be null"),
+    ("heartbeat", {"phases": [{"since_s": []}]}, "'phases[0].since_s' must be a number"),
+    (
+        "heartbeat",
+        {"phases": [{"progress": {"a": {}}}]},
+        "'phases[0].progress[\"a\"]' must be a string, a number, true/false or a list",
+    ),
+    ("exit", {"pid": 2**31}, "'pid' must be an integer <= 2^31-1"),
+    ("exit", {"code": -(2**63) - 1}, "'code' must be an integer >= -2^63"),
+    ("collective", {"dur_s": 1e10}, "'dur_s' must be a number <= 1e9"),
+    ("collective", {"dur_s": 10**10}, "'dur_s' must be an integer <= 1e9"),
+    ("begin", {"attrs": {"x": float("inf")}}, "'attrs[\"x\"]' must be a number < 2^63"),
+    ("begin", {"attrs": {"x": float("nan")}}, "'attrs[\"x\"]' must be a number, not NaN"),
+    ("begin", {"parent": "xyz"}, "'parent' must be 16 hex digits"),
+    ("launch", {"trace": "0" * 31}, "'trace' must be 32 hex digits"),
+    ("end", {"status": "weird"}, "'status' must be one of error, incomplete, ok"),
+    ("end", {"error": {"type": 1}}, "'error.type' must be a string"),
+    ("diagnosis", {"evidence": {"tp1": {"pid": 1, "t": 1, "cause": "lock"}}}, "'evidence[\"tp1\"].text' is missing"),
+    (
+        "diagnosis",
+        {"evidence": {"tp1": {"pid": 1, "t": 1, "cause": "lock", "text": None}}},
+        "'evidence[\"tp1\"].text' must be a string",
+    ),
+    (
+        "diagnosis",
+        {"evidence": {"tp1": {"pid": 1, "t": 1, "cause": "why", "text": "x"}}},
+        "'evidence[\"tp1\"].cause' must be one of child, gone, lock, native, none, socket",
+    ),
+    (
+        "diagnosis",
+        {"evidence": {"tp1": {"pid": 1, "t": 1, "cause": "lock", "text": "x" * 1025}}},
+        "'evidence[\"tp1\"].text' must be a string of at most 1024 characters",
+    ),
+    (
+        "diagnosis",
+        {"evidence": {str(i): {} for i in range(17)}},
+        "'evidence' must be an object of at most 16 entries",
+    ),
+]
+
+
+@pytest.mark.parametrize("kind,change,reason", WORDED)
+def test_a_refusal_is_worded_from_the_schema_whatever_msgspec_says(
+    kind: str, change: dict[str, Any], reason: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reason is read off the schema's types, never off msgspec's message (unpinned: a release
+    may reword it): with every message of msgspec's replaced, the words are the same."""
+    record = VALID[kind] | change
+    assert schema.validate(record) == reason
+    convert = msgspec.convert
+
+    def reworded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return convert(*args, **kwargs)
+        except msgspec.ValidationError:
+            raise msgspec.ValidationError("a new release's wording") from None
+
+    monkeypatch.setattr(msgspec, "convert", reworded)
+    assert schema.validate(record) == reason
+
+
 def bulk_accepts(record: dict[str, Any]) -> bool | None:
-    """Whether the readers' fast path (``schema.BULK``) takes ``record`` written as our writer
+    """Whether the readers' fast path (``bulk_decode.BULK``) takes ``record`` written as our writer
     writes it; None when its line does not start as a bulk kind's (it goes ``validate``'s way)."""
     text = line(record, writer.dumps).encode()
-    entry = schema.BULK.get(text[: schema.BULK_PREFIX])
+    entry = bulk_decode.BULK.get(text[: bulk_decode.BULK_PREFIX])
     if entry is None:
         return None
     kind, decoder = entry
     try:
-        return schema.bulk_valid(kind, decoder.decode(b"[" + text + b"]"))
+        return bulk_decode.bulk_valid(kind, decoder.decode(b"[" + text + b"]"))
     except (msgspec.DecodeError, ValueError, RecursionError):
         return False
 

@@ -12,7 +12,6 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,9 @@ from cli_fixtures import FAIL_MESSAGE, PEER_WAIT_PHASE, STALL_PHASE, SyntheticRu
 from conftest import requires_sglang
 from sglang_phasetrace.tracing.cli import command as command_module
 from sglang_phasetrace.tracing.cli import main
-from sglang_phasetrace.tracing.reader import load
+from sglang_phasetrace.tracing.reader import forked_helper, load
 from sglang_phasetrace.tracing.reader import run as rundir
+from sglang_phasetrace.tracing.render import lane_jobs
 from sglang_phasetrace.tracing.render import lanes as lanes_module
 from sglang_phasetrace.tracing.render.lanes import Layout, layout
 from sglang_phasetrace.tracing.verdicts import diagnose, postmortem
@@ -199,14 +199,13 @@ def _bars(lay: Layout) -> list:
     ]
 
 
+@pytest.mark.forks
 @pytest.mark.parametrize("name", ["stalled", "failed"])
 def test_a_large_run_read_on_two_cores_is_the_same_run(
     runs: dict[str, SyntheticRun], name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The CLI reads a large run with a forked child (the last journals): the same processes, spans
     and ``file:line`` problems as read in one process; a child that fails changes nothing either."""
-    if threading.active_count() > 1:
-        pytest.skip("another thread runs in this test process: the read is never forked then")
     path = runs[name].path
     serial = load.load_run(path)
     monkeypatch.setattr(load.Child, "MIN_BYTES", 0)
@@ -243,7 +242,7 @@ def test_a_large_run_read_on_two_cores_is_the_same_run(
 
 def _what_verdicts_read(run: rundir.RunView, phases: set[str]) -> list:
     """Per rank, every answer the verdicts take from its spans (``diagnose``, ``postmortem``,
-    ``hints``, ``cli.findings``): where it is or was between phases, how often each phase ended and
+    ``hints``, ``verdicts.findings``): where it is or was between phases, how often each phase ended and
     when last, its latest span of each phase with its ancestors, where it was at its end, progress."""
     out = []
     for proc in run.ranks:
@@ -272,14 +271,13 @@ def _what_verdicts_read(run: rundir.RunView, phases: set[str]) -> list:
     return out
 
 
+@pytest.mark.forks
 @pytest.mark.parametrize("name", ["ok", "stalled", "failed"])
 def test_a_shallow_two_core_read_gives_the_verdicts_a_whole_read_gives(
     runs: dict[str, SyntheticRun], name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``status`` reads a large run shallow (the child sends back only what is drawn): what every
     verdict reads of a rank's spans is still there, so status says what the watchdog says."""
-    if threading.active_count() > 1:
-        pytest.skip("another thread runs in this test process: the read is never forked then")
     path = runs[name].path
     serial = load.load_run(path)
     phases = {s.phase for p in serial.processes for s in p.spans.values()}
@@ -313,6 +311,7 @@ def _outputs(capsys: pytest.CaptureFixture[str], path: Path, out: Path) -> list:
 @pytest.mark.parametrize(
     "how", ["split", "child fails", "child dies", "child fails writing", "child dies writing", "ids repeat"]
 )
+@pytest.mark.forks
 def test_a_split_run_renders_the_same_as_one_read_in_one_process(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
@@ -320,8 +319,6 @@ def test_a_split_run_renders_the_same_as_one_read_in_one_process(
     it read (it sends back only what verdicts read; a Jaeger file's spans of its lanes it writes
     there itself): the same bytes as one process makes, also when the child fails or dies midway
     (writing too), or when span ids repeat across ranks (then it sends all)."""
-    if threading.active_count() > 1:
-        pytest.skip("another thread runs in this test process: the read is never forked then")
     run = build_run(tmp_path / "run", ranks=6, spans=60, stalled_rank=4, same_ids=how == "ids repeat")
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
@@ -337,12 +334,14 @@ def test_a_split_run_renders_the_same_as_one_read_in_one_process(
         return view
 
     monkeypatch.setattr(command_module, "load_run", spy)
-    if how == "child fails":
-        monkeypatch.setattr(lanes_module, "_part_job", _fails)  # in the child: it answers with an error
+    jobs = forked_helper.JOBS  # what the helper runs: as forked with this process's registry
+    if how == "child fails":  # it answers each with an error
+        monkeypatch.setitem(jobs, forked_helper.ref(lane_jobs._part_job), _fails)
+        monkeypatch.setitem(jobs, forked_helper.ref(lane_jobs._part_hold), _fails)
     if how == "child dies":
-        monkeypatch.setattr(lanes_module, "_part_prepare", _dies)
+        monkeypatch.setitem(jobs, forked_helper.ref(lanes_module._part_prepare), _dies)
     if how.endswith("writing"):
-        monkeypatch.setattr(lanes_module, "_part_write", _fails if "fails" in how else _dies)
+        monkeypatch.setitem(jobs, forked_helper.ref(lane_jobs._part_write), _fails if "fails" in how else _dies)
     assert _outputs(capsys, run.path, tmp_path / "two") == alone
     assert [view.split is None for view in splits] == [how == "ids repeat"] * 6
     if how == "split":  # the child did its part of each, the Jaeger file's writing included

@@ -1,4 +1,4 @@
-"""Hints from known fixes: each pattern of ``tracing.hints`` on a synthetic run, through the real
+"""Hints from known fixes: each pattern of ``tracing.verdicts.hints`` on a synthetic run, through the real
 watchdog, whose verdict line is followed by one ``HINT (not a verdict)`` line citing its source.
 
 Ranks sit on another host name, so the watchdog judges them from their journals alone (their pids

@@ -17,7 +17,6 @@ import stat
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -356,13 +355,12 @@ def test_a_live_run_is_never_indexed_as_finished(
     assert outputs(capsys, run, tmp_path / "serving") == plain
 
 
+@pytest.mark.forks
 def test_a_split_read_takes_the_childs_half_from_the_index(
     run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A large run is read by two processes: each decodes its half of the index, and the parent
     takes the shallow state of the child's half from it; the same output as one plain read."""
-    if threading.active_count() > 1:
-        pytest.skip("another thread runs in this test process: the read is never forked then")
     monkeypatch.setenv(index.ENV_INDEX, "0")
     plain = outputs(capsys, run, tmp_path / "plain")
     monkeypatch.delenv(index.ENV_INDEX)
@@ -393,13 +391,12 @@ def test_a_split_read_takes_the_childs_half_from_the_index(
     assert split == {k: v for k, v in plain.items() if not k.startswith("bundle")}
 
 
+@pytest.mark.forks
 def test_a_split_read_whose_child_finds_its_spans_damaged_reads_the_journals(
     run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, caplog
 ) -> None:
     """The spans of the child's journal are checked where they are decoded (in the child): it
     fails, and its journals are read from the files; one warning; the same output."""
-    if threading.active_count() > 1:
-        pytest.skip("another thread runs in this test process: the read is never forked then")
     monkeypatch.setenv(index.ENV_INDEX, "0")
     plain = outputs(capsys, run, tmp_path / "plain", bundle=False)
     monkeypatch.delenv(index.ENV_INDEX)

@@ -1,4 +1,4 @@
-"""The cross-node channel (``tracing.relay``) against real torch ``TCPStore`` masters in other
+"""The cross-node channel (``tracing.channel.relay``) against real torch ``TCPStore`` masters in other
 processes, standing in for world rank 0's: connect before and after the store exists, agreeing on
 the launch identity, publish/read among nodes, the master going away, bad payloads, and a real
 2-rank gloo process group forming while a relay client is connected to its store. Whatever another

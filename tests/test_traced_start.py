@@ -3,7 +3,7 @@
 Every run here is an unmodified SGLang entry point (``scripts/start_engine.py`` → ``sglang.Engine``,
 or ``python -m sglang.launch_server``) started with only ``PYTHONPATH`` pointing at
 ``sitecustomize_hooks/`` (plus OTEL_* variables where export is under test). Nothing is stood in
-for: the journals are read back with ``tracing.rundir.load_run``, the OTLP receivers decode the
+for: the journals are read back with ``tracing.reader.load.load_run``, the OTLP receivers decode the
 wire format with the official ``opentelemetry-proto`` messages.
 """
 

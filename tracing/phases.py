@@ -25,7 +25,7 @@ reads; ``patches/spec.py`` refuses, at import, a phase that sets any other):
 * ``loop``: no span: a process of the launch that is neither a rank nor the launcher (its root
   ``process`` started when it was spawned: ``adopt``) enters its loop: its own start is
   done; it serves when its launch does (like an initialised rank), at once for an ``Engine``.
-* ``collective``: no span: a ``collective`` journal record in and out (``tracing.collectives``),
+* ``collective``: no span: a ``collective`` journal record in and out (``tracing.recorder.collectives``),
   until ready; an initialised rank records only those of its warm-up passes (not its scheduler
   loop's, which polls its peers thousands of times a second).
 

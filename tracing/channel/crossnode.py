@@ -16,12 +16,12 @@ A launch with ``--nnodes N --node-rank k --dist-init-addr HOST:PORT`` runs one l
   phases, the latest heartbeats, collectives in flight: the same records as its journals; of the
   phases that ended, how many per phase and the latest end: whether peers left a rank behind; what
   a rank its watchdog suspects waits on, read from its own ``/proc``: ``verdicts.evidence``) to that
-  store every heartbeat, through its own client connection (``tracing.relay``); node 0 reads every
+  store every heartbeat, through its own client connection (``tracing.channel.relay``); node 0 reads every
   other node's and its watchdog diagnoses all ranks as one launch. Times are moved onto node 0's
   clock by the snapshot's own ``now`` at arrival (no comparison across clocks); a node whose
   snapshot stops changing is said once, as a notice, rather than blamed rank by rank.
 * **Trust.** Anyone who can reach the store can write its keys. A snapshot is decoded into one
-  schema (``tracing.snapshot``: types, sizes, depth, ranges) and must speak for its own node only:
+  schema (``tracing.channel.node_snapshot``: types, sizes, depth, ranges) and must speak for its own node only:
   this node's processes are judged from its own journals, never from a report; a snapshot naming
   this node's host, a host another node reported from, or a process (host and pid, or label) of
   this node or of another node's report is not used. A verdict names its processes by host, pid

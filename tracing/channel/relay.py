@@ -13,7 +13,7 @@ caller may ``connect()`` again later) and warns once per problem, naming the end
 and ``multi_get`` wait for a missing key, so ``read`` asks ``check`` first and fetches only what exists.
 
 Anyone who can reach the store can write these keys (it has no authentication): what is read back
-is decoded into a schema's types (``tracing.snapshot``) or refused with a reason, never trusted as is.
+is decoded into a schema's types (``tracing.channel.node_snapshot``) or refused with a reason, never trusted as is.
 
 Stdlib and msgspec at import (the launcher imports tracing early); torch is imported on ``connect``.
 """

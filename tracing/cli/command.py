@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.text import Text
 
-    from ..render.lanes import Held
+    from ..render.lane_jobs import Held
 
 # Exit codes beyond 0 (fine), 1 (error) and 2 (bad usage, from argparse).
 EXIT_STALLED = 3
@@ -160,8 +160,8 @@ def write_output(data: str | bytes, output: str | None) -> None:
 
 def write_chunks(chunks: Iterable[bytes | Held], output: str | None) -> None:
     """``write_output`` of a document made a piece at a time (a large export; ``Held`` pieces are
-    a split run's child's, written there: ``render.lanes.write_pieces``)."""
-    from ..render.lanes import resolve, write_pieces  # a bulk verb's: not loaded for --help
+    a split run's helper's, written there: ``render.lane_jobs.write_pieces``)."""
+    from ..render.lane_jobs import resolve, write_pieces  # a bulk verb's: not loaded for --help
 
     if output in (None, "-"):
         sys.stdout.flush()

@@ -9,7 +9,8 @@ from urllib.parse import urlparse
 
 from ..redact import printable
 from ..render.jaeger import jaeger_chunks
-from ..render.lanes import Held, Layout, layout
+from ..render.lane_jobs import Held
+from ..render.lanes import Layout, layout
 from ..render.otlp_json import otlp_chunks
 from ..render.perfetto import perfetto_chunks
 from ..verdicts.diagnose import Finding

@@ -3,7 +3,7 @@ deadline — proof in minutes that it comes up (rendezvous, groups, all-reduce, 
 graphs, the draft) before the real start spends an hour reading the checkpoint.
 
 It is ``phasetrace run`` with three differences: the command's arguments are rewritten
-(``tracing.preflight``), the launch runs in its own session so it can be stopped as a group, and
+(``tracing.cli.preflight_plan``), the launch runs in its own session so it can be stopped as a group, and
 it is stopped — SIGTERM to the group, then SIGKILL after a grace — at ready, at the first verdict,
 or at the deadline, whichever comes first. The group's leader (the command) is reaped only once
 nothing of its group runs any more: until then its id is taken (a zombie leader holds it), so a

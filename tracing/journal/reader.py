@@ -21,7 +21,8 @@ except ImportError:  # pragma: no cover
 from pathlib import Path
 from typing import Any
 
-from .schema import BULK, BULK_PREFIX, KINDS, all_valid, bulk_valid, trim, validate
+from .bulk_decode import BULK, BULK_PREFIX, bulk_valid
+from .schema import KINDS, all_valid, trim, validate
 from .writer import RECORD_MAX
 
 log = logging.getLogger("sglang_phasetrace")
@@ -74,7 +75,7 @@ class JournalTail:
 
     def bulk_pieces(self, final: bool = False) -> Iterator[tuple[dict[str, list[Any]], list[dict]]]:
         """``read`` for a reader that keeps every span (``rundir``), one piece (``pieces``) at a time:
-        the lines of the bulk kinds (``schema.BULK``: nearly all of a journal) decoded straight into
+        the lines of the bulk kinds (``bulk_decode.BULK``: nearly all of a journal) decoded straight into
         objects, per kind in file order, and the other records as ``read`` gives them (``line_of``
         names their lines until the next piece). A piece with a line the fast path refuses goes
         ``read``'s way whole, so each bad line is named as usual."""

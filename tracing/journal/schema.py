@@ -5,7 +5,8 @@ Every record is one JSON object with ``kind`` (one of ``KINDS``) and ``t`` (Unix
 A required field must be present with its type; an optional field may be missing or null (readers
 treat both as "not known"); fields not listed here are ignored and dropped (``trim``), so a newer
 writer can add some. Readers (``journal.reader.JournalTail``, ``reader.run.RunView.status_file``)
-skip a record that fails ``validate`` and report it once as ``file:line: why``; what they use
+skip a record that fails ``validate`` and report it once as ``file:line: why`` (the why worded by
+``journal.refusals``); what they use
 afterwards is the record's own dict, which may rely on the types below, so code downstream never
 sees an ``attrs`` that is a string or a ``seq`` that is null. Numbers are bounded too: times are ns in
 int64 (``TIME_MAX``), seconds within ``SECONDS_MAX``, counts and pids non-negative, attribute numbers
@@ -27,7 +28,7 @@ Kinds (schema version 1):
 ``heartbeat``  liveness and progress: ``seq``; ``pid``, ``label``, ``ready``, ``interval_s``, ``phases``
                (``span``, ``name``, ``phase``, ``since_s``, ``progress``), ``collective``, ``collectives``,
                ``cpu_s``, ``rss``, ``threads``, ``gpu``, ``runtime_calls``; what the process did since its
-               previous beat (``tracing.activity``): ``dt_s``, ``main`` (``state``, ``cpu_s``), ``majflt``,
+               previous beat (``tracing.recorder.activity``): ``dt_s``, ``main`` (``state``, ``cpu_s``), ``majflt``,
                ``io_b``, ``child_cpu_s``; in the status file only, ``journal_unwritten`` (``error``,
                ``since``, ``held``, ``dropped``) while journal writes fail
 ``collective`` an init collective entered or left: ``edge`` (enter/exit), ``op``, ``group``, ``seq``;
@@ -48,17 +49,15 @@ Kinds (schema version 1):
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from itertools import chain, compress, repeat
-from math import isnan
-from operator import attrgetter
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import msgspec
-from msgspec import Meta, Struct, field
+from msgspec import Meta, Struct
 
 from .. import keys
+from .refusals import reason
 from .waits_on import MAX_EVIDENCE, Evidence
 
 TIME_MAX = 2**63 - 1  # ns (int64, as OTel and the exporters hold times: the year 2262)
@@ -79,8 +78,10 @@ Seconds = (
     Annotated[int, Meta(ge=-int(SECONDS_MAX), le=int(SECONDS_MAX))]
     | Annotated[float, Meta(ge=-SECONDS_MAX, le=SECONDS_MAX)]
 )
-SpanId = Annotated[str, Meta(pattern=r"^[0-9a-fA-F]{16}\Z")]  # exporters parse ids as numbers
-TraceId = Annotated[str, Meta(pattern=r"^[0-9a-fA-F]{32}\Z")]
+SpanId = Annotated[
+    str, Meta(pattern=r"^[0-9a-fA-F]{16}\Z", description="16 hex digits")
+]  # exporters parse ids as numbers
+TraceId = Annotated[str, Meta(pattern=r"^[0-9a-fA-F]{32}\Z", description="32 hex digits")]
 Scalar = str | Int64 | Float64 | bool | None
 Attrs = dict[str, Scalar | list[Scalar]]  # span, resource and identity attributes: what OTel allows
 Status = Literal["ok", "error", "incomplete"]
@@ -291,9 +292,9 @@ def validate(record: Any) -> str | None:
     names = span_names_why(record.get("attrs")) if kind in SPAN_KINDS and type(record.get("attrs")) is dict else None
     try:
         msgspec.convert(record, cls)
-    except msgspec.ValidationError as exc:
-        return names or _why(str(exc), record, cls)  # a name's reason is the more exact one
-    return names or _untyped_why(kind, record)
+    except msgspec.ValidationError:
+        return names or reason(record, cls)  # a name's reason is the more exact one
+    return names or untyped_why(kind, record)
 
 
 def all_valid(records: list[Any]) -> bool:
@@ -319,7 +320,7 @@ def all_valid(records: list[Any]) -> bool:
         for steps, known in _OPEN.get(kind, ()):
             values = _gather(group, steps)
             if not (all(map(known.issuperset, values)) if known is not None else not any(map(too_deep, values))):
-                if any(_untyped_why(kind, r) for r in group):
+                if any(untyped_why(kind, r) for r in group):
                     return False
     return True
 
@@ -370,7 +371,7 @@ def too_deep(value: Any, levels: int = DEPTH_MAX) -> bool:
     return any(too_deep(v, levels - 1) for v in (value.values() if kind is dict else value))
 
 
-def _untyped_why(kind: str, record: dict[str, Any]) -> str | None:
+def untyped_why(kind: str, record: dict[str, Any]) -> str | None:
     """Why a record msgspec accepted is unusable: what its types leave open (a key a nested object's
     type does not know, which msgspec skips and the record's dict keeps; a value typed ``Any``) nests
     deeper than ``DEPTH_MAX``."""
@@ -402,276 +403,3 @@ def _places(value: Any, steps: tuple[str, ...], where: str) -> Iterator[tuple[st
             yield from _places(item, rest, f"{where}[{json.dumps(key, ensure_ascii=False)}]")
     else:
         yield from _places(value.get(step), rest, f"{where}.{step}" if where else step)
-
-
-# -- msgspec's reasons in the schema's words -------------------------------------------------------------
-
-_MESSAGE = re.compile(r"(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?", re.S)
-_EXPECTED = re.compile(
-    r"Expected `(?P<types>[^`]*)`(?:, got `(?P<got>[^`]*)`| (?P<op>[<>]=?) (?P<bound>\S+)| matching regex '.*')"
-)
-_STEP = re.compile(r"\.(\w+)|\[(\d+)\]|\[\.\.\.\]")
-_TYPES = {"str": "a string", "number": "a number", "int": "an integer", "float": "a number", "bool": "true or false"}
-_TYPES |= {"object": "an object", "array": "a list"}  # in this order in a reason
-_BOUNDS = {str(v): text for v, text in ((2**63 - 1, "2^63-1"), (-(2**63), "-2^63"), (2**31 - 1, "2^31-1"))}
-_BOUNDS |= {repr(v): text for v, text in ((2.0**63, "2^63"), (-(2.0**63), "-2^63"), (1e9, "1e9"), (-1e9, "-1e9"))}
-_BOUNDS |= {str(10**9): "1e9", str(-(10**9)): "-1e9"}
-_PATTERNS = {SpanId: "16 hex digits", TraceId: "32 hex digits"}
-_MISSING = object()
-
-
-def _why(message: str, record: dict[str, Any], cls: type[Struct]) -> str:
-    """msgspec's ``message`` (``Expected `int`, got `str` - at `$.pid```) as the schema says it:
-    ``'pid' must be an integer``."""
-    what, path = _MESSAGE.fullmatch(message).group("what", "path")
-    where, value = _where(record, cls, path or "", what)
-    if what.startswith("Object missing required field `"):
-        return f"'{where + '.' if where else ''}{what.split('`')[1]}' is missing"
-    if what.startswith("Invalid enum value "):
-        return f"'{where}' must be one of {', '.join(sorted(_literals(cls, where)))}"
-    hit = _EXPECTED.fullmatch(what)
-    if hit is None or not where:
-        return f"'{where}' {what}" if where else what
-    if hit["got"] is not None:
-        if hit["got"] == "null" and where in FIELDS.get(record["kind"], ()):
-            return f"'{where}' must not be null"
-        return f"'{where}' must be {_words(hit['types'])}"
-    if hit["op"] is None:  # a pattern: the ids
-        return (
-            f"'{where}' must be {next((w for tp, w in _PATTERNS.items() if tp in _field_types(cls, where)), 'an id')}"
-        )
-    if type(value) is float and isnan(value):
-        return f"'{where}' must be a number, not NaN"
-    return f"'{where}' must be {_words(hit['types'])} {hit['op']} {_BOUNDS.get(hit['bound'], hit['bound'])}"
-
-
-def _words(types: str) -> str:
-    names = [t for t in types.split(" | ") if t != "null"]
-    if "int" in names and "float" in names:  # int | float: a number
-        names = ["number" if t == "int" else t for t in names if t != "float"]
-    words = [_TYPES.get(t, t) for t in sorted(names, key=list(_TYPES).index)]
-    if len(words) == 1:
-        return words[0]
-    words = [w.replace(" or ", "/") for w in words]  # true/false, among others
-    return f"{', '.join(words[:-1])} or {words[-1]}"
-
-
-def _where(record: dict[str, Any], cls: type[Struct], path: str, what: str) -> tuple[str, Any]:
-    """msgspec's ``path`` (``.phases[0].progress[...]``) as the schema says it, with the key msgspec
-    leaves out (``phases[0].progress["total"]``), and the value there (``_MISSING`` if none)."""
-    where, steps, value = "", [], record
-    for step in _STEP.finditer(path):
-        name, index = step.group(1, 2)
-        if name is not None:
-            key, text = name, f".{name}" if where else name
-        elif index is not None:
-            key, text = int(index), f"[{index}]"
-        else:
-            key = _failing_key(record, cls, steps, value, what)
-            if key is None:
-                return where + path[step.start() :], _MISSING
-            text = f"[{json.dumps(key, ensure_ascii=False)}]"
-        try:
-            value = value[key]
-        except (KeyError, IndexError, TypeError):
-            return where + text + path[step.end() :], _MISSING
-        steps.append(key)
-        where += text
-    return where, value
-
-
-def _failing_key(record: dict[str, Any], cls: type[Struct], steps: list, obj: Any, what: str) -> str | None:
-    """The key of ``obj`` (an object at ``steps`` in ``record``) whose entry alone fails as ``what``."""
-    for key in obj if type(obj) is dict else ():
-        try:
-            msgspec.convert(_replaced(record, steps, {key: obj[key]}), cls)
-        except msgspec.ValidationError as exc:
-            if str(exc).startswith(what):
-                return key
-    return None
-
-
-def _replaced(value: Any, steps: list, new: Any) -> Any:
-    """``value`` with what is at ``steps`` replaced by ``new`` (copies along the way)."""
-    if not steps:
-        return new
-    copy = value.copy()
-    copy[steps[0]] = _replaced(value[steps[0]], steps[1:], new)
-    return copy
-
-
-def _field_types(cls: type[Struct], where: str) -> list[Any]:
-    """The types a top-level field's type is made of (``X | None``: both)."""
-    tp = next((f.type for f in msgspec.structs.fields(cls) if f.encode_name == where.split("[")[0]), None)
-    return [tp, *get_args(tp)]
-
-
-def _literals(cls: type[Struct], where: str) -> list[str]:
-    return [v for tp in _field_types(cls, where) if get_origin(tp) is Literal for v in get_args(tp)]
-
-
-# -- the readers' fast path: the bulk kinds decoded straight into objects --------------------------------
-#
-# ``begin``, ``end``, ``event`` and ``collective`` are nearly every line of a journal (a 1024-rank
-# run: 614 k of 620 k). Their lines are decoded by msgspec straight into the objects readers keep,
-# with the types and bounds above, except two things checked by column instead (``bulk_valid``): ids
-# (a ``pattern`` is a regex per value: +30 % on a 1024-rank read) and attrs (decoded once per distinct
-# text, ``_AttrsCache``). A chunk where either refuses a line goes the way of every other kind:
-# ``validate`` per record, naming the line (``journal.reader.JournalTail``).
-# ``tests/test_bad_records.py`` checks that these decoders accept and refuse what ``validate`` does.
-
-
-class SpanRec(Struct):
-    """A phase, as readers keep it: its ``begin`` record (decoded straight from the line, or
-    ``span_from``) and what its ``end`` and ``event`` records said."""
-
-    span_id: str = field(name="span")
-    name: str
-    start: TimeNs = field(name="t")  # ns
-    parent_id: str | None = field(name="parent", default=None)
-    trace_id: str = field(name="trace", default="")
-    attrs: dict[str, Any] = field(default_factory=dict)
-    thread: str = ""
-    # Set by readers only (a ``begin`` line carrying one of these names is refused: ``bulk_valid``).
-    end: int | None = field(name="~end", default=None)  # ns; None while open (or it died there)
-    status: str = field(name="~status", default="open")  # open | ok | error | incomplete
-    error: dict[str, Any] | None = field(name="~error", default=None)
-    events: list[dict[str, Any]] = field(name="~events", default_factory=list)
-
-    @property
-    def phase(self) -> str:
-        """The stable phase name (rank roots are named per rank; their phase is ``rank``)."""
-        return self.attrs.get(keys.PHASE, self.name)
-
-    def duration_ns(self, now: int | None = None) -> int | None:
-        end = self.end if self.end is not None else now
-        return None if end is None else max(0, end - self.start)
-
-
-def span_from(r: dict[str, Any]) -> SpanRec:
-    """The ``SpanRec`` of a ``begin`` record that ``validate`` accepted."""
-    return SpanRec(
-        r["span"], r["name"], r["t"], r.get("parent"), r.get("trace") or "", r.get("attrs") or {}, r.get("thread") or ""
-    )
-
-
-_NO_ATTRS = msgspec.Raw(b"{}")
-
-
-class _Begin(SpanRec, tag="begin", tag_field="kind"):
-    """A ``begin`` line as decoded: optional fields may be null, ``attrs`` is its JSON text
-    (``bulk_valid`` makes them what ``SpanRec`` holds)."""
-
-    trace_id: str | None = field(name="trace", default=None)
-    attrs: msgspec.Raw = _NO_ATTRS
-    thread: str | None = ""
-
-
-class EndRec(Struct, tag="end", tag_field="kind"):
-    t: TimeNs
-    span: str
-    status: Status | None = None
-    attrs: msgspec.Raw = _NO_ATTRS
-    error: dict[str, Any] | None = None  # readers keep it as it is: ``Error`` checks it (``bulk_valid``)
-
-
-class EventRec(Struct, tag="event", tag_field="kind"):
-    t: TimeNs
-    span: str
-    name: str | None = None
-    attrs: msgspec.Raw = _NO_ATTRS
-
-
-class CollectiveRec(Collective, tag="collective"):
-    span: str | None = None  # hex: by column
-
-
-class _AttrsCache(dict):
-    """An ``attrs`` object's JSON text -> its value, decoded and checked once: attrs repeat across
-    a run's spans and ranks (a few thousand distinct ones among 100 k spans), so this is most of a
-    journal not decoded at all, and spans with equal attrs share one dict. Readers never change a
-    span's attrs in place (an ``end`` record's replace them)."""
-
-    def __init__(self, span: bool) -> None:
-        super().__init__()
-        self.span = span  # span attrs: the names readers use must be strings (``span_names_why``)
-
-    def __missing__(self, raw: bytes) -> dict[str, Any]:
-        value = _decode_attrs(raw) or {}
-        if self.span and (why := span_names_why(value)) is not None:
-            raise ValueError(why)
-        if len(self) > 100_000:
-            self.clear()
-        self[raw] = value
-        return value
-
-    def of(self, items: list[Any]) -> list[dict[str, Any]]:
-        """The attrs of each of ``items`` (their ``attrs`` is JSON text): mostly C-level lookups."""
-        return list(map(self.__getitem__, map(bytes, map(_ATTRS_OF, items))))
-
-
-_decode_attrs = msgspec.json.Decoder(Attrs | None).decode
-_ATTRS_OF = attrgetter("attrs")
-_SPAN_ATTRS_CACHE, _ATTRS_CACHE = _AttrsCache(span=True), _AttrsCache(span=False)
-
-
-def _hex_ok(ids: list[str], n: int) -> bool:
-    """Every one of ``ids`` is ``n`` hex digits: one ``bytes.fromhex`` of them all (C)."""
-    if not ids:
-        return True
-    if set(map(len, ids)) != {n}:
-        return False
-    try:  # whitespace fromhex skips would shorten the result
-        return len(bytes.fromhex("".join(ids))) * 2 == n * len(ids)
-    except ValueError:
-        return False
-
-
-def _error_ok(error: dict[str, Any]) -> bool:
-    try:
-        msgspec.convert(error, Error)
-    except msgspec.ValidationError:
-        return False
-    return _untyped_why("end", {"error": error}) is None
-
-
-# the first bytes of each bulk kind's line as ``journal.writer.dumps`` writes it -> its kind, its decoder
-BULK_PREFIX = 16
-BULK: dict[bytes, tuple[str, msgspec.json.Decoder]] = {
-    b'{"kind":"begin",': ("begin", msgspec.json.Decoder(list[_Begin])),
-    b'{"kind":"end","t': ("end", msgspec.json.Decoder(list[EndRec])),
-    b'{"kind":"event",': ("event", msgspec.json.Decoder(list[EventRec])),
-    b'{"kind":"collect': ("collective", msgspec.json.Decoder(list[CollectiveRec])),
-}
-
-
-def bulk_valid(kind: str, items: list[Any]) -> bool:
-    """What the bulk decoders leave to columns (ids, attrs, an ``end``'s error, fields only readers
-    set), making each item what readers keep: ``begin`` items ``SpanRec``s (nulls as defaults),
-    every ``attrs`` a dict. Raises ``ValueError`` or msgspec's ``ValidationError`` for bad attrs."""
-    if not items:
-        return True
-    ids = list(map(attrgetter("span_id" if kind == "begin" else "span"), items))
-    if kind == "collective":  # its span is optional
-        return _hex_ok([s for s in ids if s is not None], 16)
-    if not _hex_ok(ids, 16):
-        return False
-    for item, attrs in zip(items, (_ATTRS_CACHE if kind == "event" else _SPAN_ATTRS_CACHE).of(items), strict=True):
-        item.attrs = attrs
-    if kind == "event":
-        return True
-    if kind == "end":
-        return all(_error_ok(e) for e in map(attrgetter("error"), items) if e is not None)
-    traces = list(map(attrgetter("trace_id"), items))
-    if not _hex_ok([p for p in map(attrgetter("parent_id"), items) if p is not None], 16):
-        return False
-    if not _hex_ok([t for t in traces if t is not None], 32):
-        return False
-    if set(map(attrgetter("end"), items)) != {None} or set(map(attrgetter("status"), items)) != {"open"}:
-        return False
-    if any(map(attrgetter("error"), items)) or any(map(attrgetter("events"), items)):
-        return False
-    if None in list(map(attrgetter("thread"), items)) or None in traces:
-        for item in items:  # a null where the writer always writes a value: a hand-made journal
-            item.thread, item.trace_id = item.thread or "", item.trace_id or ""
-    return True

@@ -6,7 +6,7 @@ caller waits for it, bounded (``JournalWriter``): a disk that stops answering ne
 A phase that never ends leaves its ``begin`` record and no ``end`` record; readers treat that as
 "still running, or died there".
 
-The record schema (kinds, fields, types) is ``tracing.records``: its constructors build records,
+The record schema (kinds, fields, types) is ``tracing.journal.records``: its constructors build records,
 and the reader here (``JournalTail``) skips and names, as ``file:line: why``, any line it refuses.
 """
 

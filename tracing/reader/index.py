@@ -41,9 +41,9 @@ from typing import Any, get_type_hints
 import msgspec
 
 from .. import files, procs
+from ..journal.bulk_decode import SpanRec
 from ..journal.layout import JOURNAL_DIR
 from ..journal.reader import JournalTail, journal_max
-from ..journal.schema import SpanRec
 from ..redact import printable
 from .run import ProcessRec, RunView
 
@@ -156,6 +156,7 @@ def _layout() -> str:
         here / "load.py",
         here.parent / "journal" / "reader.py",
         here.parent / "journal" / "schema.py",
+        here.parent / "journal" / "bulk_decode.py",
     ):
         try:
             code.append(zlib.crc32(source.read_bytes()))

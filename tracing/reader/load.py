@@ -1,15 +1,11 @@
 """Loading a run directory for the CLI: ``load_run``, and on a large run the read shared with a
-forked child (``refresh_parallel``), which can keep its half whole and render its lanes itself
-(``Split``). The public interface is those three and ``ChildLost``; the rest is the child's protocol."""
+forked helper (``refresh_parallel``, ``Child``: ``forked_helper`` does the forking and the talking),
+which can keep its half whole and render its lanes itself (``Split``); ``index_run`` and the
+spawned index writer's entry point (``_main``)."""
 
 from __future__ import annotations
 
-import importlib
-import marshal
 import os
-import socket
-import sys
-import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -21,10 +17,11 @@ from typing import Any
 import msgspec
 
 from .. import keys
+from ..journal.bulk_decode import SpanRec
 from ..journal.layout import JOURNAL_DIR
 from ..journal.reader import JournalTail
-from ..journal.schema import SpanRec
 from . import index
+from .forked_helper import Helper, HelperLost, can_fork, job
 from .run import ProcessRec, RunView, _apply_all
 
 
@@ -37,7 +34,7 @@ def refresh_parallel(
     the deeper ones that ended well (they are not needed, and are most of what it would send back).
     ``split``: the child keeps whole what it read and sends back what every verdict reads (a
     ``shallow`` read), and lays out and renders its processes' lanes on request (``view.split``,
-    ``render.lanes.lanes_map``): a verb that renders every span of a large run.
+    ``render.lane_jobs.lanes_map``): a verb that renders every span of a large run.
 
     A run directory's index (``reader.index``) stands for the journals it covers: each is decoded
     rather than parsed (only a tail it grew by is read), and a split read's parent takes the
@@ -176,35 +173,28 @@ _TAIL_FIELDS = ("offset", "lines", "problems", "unknown_kinds", "_unreadable", "
 
 
 class Child:
-    """A forked child that reads the last part of a run's journals (``SHARE`` of the bytes) while
-    the parent reads the rest, and sends back each journal's state (``ProcessRec``, the reader's
-    position and problems) over a pipe (``_pack``). Used only where it pays and is safe: a run of
-    ``MIN_BYTES`` or more, two usable cores, Linux (``os.fork``), and no other thread in the
-    process. Anything wrong (the child failed, died, sent what cannot be unpacked) and the parent
-    reads those journals itself.
+    """The last part of a run's journals (``SHARE`` of the bytes), read by a forked helper
+    (``forked_helper.Helper``) while this process reads the rest; the helper answers with each
+    journal's state (``ProcessRec``, the reader's position and problems: ``_pack``). Used only where
+    it pays and is safe: a run of ``MIN_BYTES`` or more, two usable cores, and a process that may
+    fork (``forked_helper.can_fork``). Anything wrong (the helper failed, died, sent what cannot be
+    unpacked) and this process reads those journals itself.
 
-    ``serve``: the child sends back a shallow state (what verdicts read), keeps the whole one, and
-    then runs what the parent asks of its processes (``call``: a function named by module and name,
-    ``fn(processes by path, arg)``, or ``fn(processes, arg, fd)`` with a descriptor the parent
-    passes over a socket: a file the child writes its part of) until the parent closes the pipe."""
+    ``serve``: the helper answers with a shallow state (what verdicts read), keeps the whole one, and
+    then runs the jobs asked of it on its processes by path (``call``: ``fn(processes, arg)``, or
+    ``fn(processes, arg, fd)`` with a file it writes its part of) until it is closed."""
 
     MIN_BYTES = 32 << 20
     SHARE = 0.45  # of the bytes: the parent also unpacks what the child read
     SHALLOW_SHARE = 0.5  # a ``shallow`` read: little is sent back
-    PIPE_BYTES = 1 << 20
     # ``serve``: each lays out and renders what it read (the parent also unpacks the shallow state,
     # or opens the index, and puts the verdicts together); an indexed 1024-rank export at 0.6 had
     # the parent wait 0.15 s for the child, at 0.5 0.01-0.04 s
     SPLIT_SHARE = 0.5
 
-    def __init__(
-        self, pid: int, fd: int, first: int, journals: list[Path], cmd: int = -1, fds: socket.socket | None = None
-    ) -> None:
-        self.pid, self.first, self.journals = pid, first, journals
-        self.pipe = os.fdopen(fd, "rb")
-        self.cmd = os.fdopen(cmd, "wb") if cmd >= 0 else None
-        self.fds = fds  # ``serve``: descriptors for the child (``call(..., fd=)``)
-        self.serving = cmd >= 0
+    def __init__(self, helper: Helper, first: int, journals: list[Path]) -> None:
+        self.helper, self.first, self.journals = helper, first, journals
+        self.serving = helper.serving
         self.extras: dict[Path, tuple] = {}  # ``serve``: path -> (span ids, earliest starts by depth, latest time)
 
     @classmethod
@@ -216,7 +206,7 @@ class Child:
         serve: bool = False,
         indexed: dict[Path, index.Loaded] | None = None,
     ) -> Child | None:
-        if not sys.platform.startswith("linux") or threading.active_count() > 1 or _cores() < 2:
+        if not can_fork() or _cores() < 2:
             return None
         sizes = []
         for path in journals:
@@ -234,61 +224,28 @@ class Child:
             done += sizes[first]
         if first == len(journals):
             return None
-        r, w = os.pipe()
-        cmd_r, cmd_w = os.pipe() if serve else (-1, -1)
-        fds = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) if serve else ()
-        _widen(w)
-        if serve:
-            _widen(cmd_w)
-        try:
-            pid = os.fork()
-        except OSError:
-            for fd in (r, w, cmd_r, cmd_w):
-                if fd >= 0:
-                    os.close(fd)
-            for sock in fds:
-                sock.close()
-            return None
-        if pid == 0:  # the child: read, send, (serve,) exit without running anything of the parent's
-            code = 1
-            try:
-                os.close(r)
-                if serve:
-                    os.close(cmd_w)
-                    fds[0].close()
-                mine = journals[first:]
-                indexed = indexed or {}
-                later = {
-                    path for path in mine if serve and _fresh(indexed, path)
-                }  # the parent takes these from the index
-                read = {path: _read_whole(path, final, indexed) for path in mine if path not in later}
-                with os.fdopen(w, "wb") as out:
-                    _send(out, [None if path in later else _pack(*read[path], shallow, serve) for path in mine])
-                    if serve:
-                        for path in later:  # decoded while the parent decodes its own
-                            read[path] = _read_whole(path, final, indexed)
-                        with os.fdopen(cmd_r, "rb") as cmd:
-                            _serve(cmd, out, {str(path): read[path][1] for path in mine}, fds[1])
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(w)
-        if serve:
-            os.close(cmd_r)
-            fds[1].close()
-        return cls(pid, r, first, journals[first:], cmd_w, fds[0] if serve else None)
+        mine, known = journals[first:], indexed or {}
+
+        def setup(answer: Callable[[Any], None]) -> dict[str, ProcessRec]:
+            """In the helper: read, answer, and (``serve``) keep every process whole."""
+            later = {path for path in mine if serve and _fresh(known, path)}  # the parent takes these from the index
+            read = {path: _read_whole(path, final, known) for path in mine if path not in later}
+            answer([None if path in later else _pack(*read[path], shallow, serve) for path in mine])
+            for path in later:  # decoded while the parent decodes its own
+                read[path] = _read_whole(path, final, known)
+            return {str(path): read[path][1] for path in mine}
+
+        helper = Helper.start(setup, serve)
+        return None if helper is None else cls(helper, first, mine)
 
     def collect(
         self, indexed: dict[Path, index.Loaded] | None = None, ids: bool = True
     ) -> dict[Path, tuple[JournalTail, ProcessRec]] | None:
         """The child's journals, or None when it failed (those it sent as None: from ``indexed``)."""
         try:
-            packed = _recv(self.pipe)
-            if not self.serving:
-                self.pipe.close()
-                _, status = os.waitpid(self.pid, 0)
-                if status != 0:
-                    return None
+            packed = self.helper.reply()
+            if not self.serving and not self.helper.ended_well():
+                return None
             got = {}
             for path, item in zip(self.journals, packed, strict=True):
                 if item is None:
@@ -300,48 +257,25 @@ class Child:
                 if self.serving:
                     self.extras[path] = item[3]
             return got
-        except (OSError, ValueError, EOFError, TypeError, KeyError, msgspec.DecodeError):
+        except (HelperLost, OSError, ValueError, TypeError, KeyError, msgspec.DecodeError):
             return None
 
     def call(self, fn: Callable[..., Any], arg: Any, fd: int | None = None) -> None:
-        """Ask the child for ``fn(its processes, arg)`` (``reply`` takes the answer); ``arg`` and
-        the answer are ``marshal`` data. ``fd``: ``fn(its processes, arg, a copy of fd)`` instead."""
-        assert self.cmd is not None and self.fds is not None
-        if fd is not None:
-            socket.send_fds(self.fds, [b"f"], [fd])
-        _send(self.cmd, (fn.__module__, fn.__qualname__, arg, fd is not None))
+        """Ask the child for ``fn(its processes, arg)`` (``reply`` takes the answer; ``Helper.call``)."""
+        self.helper.call(fn, arg, fd)
 
     def reply(self) -> Any:
-        """The answer to the last ``call``; ``ChildLost`` when there is none (it failed or died)."""
-        try:
-            status, value = _recv(self.pipe)
-        except (OSError, ValueError, EOFError, TypeError) as exc:
-            raise ChildLost(f"no answer ({exc!r})") from None
-        if status != "ok":
-            raise ChildLost(value)
-        return value
+        """The answer to the oldest ``call``; ``HelperLost`` when there is none (it failed or died)."""
+        return self.helper.reply()
 
     def abandon(self) -> None:
-        for f in (self.cmd, self.pipe, self.fds):  # closing its pipes ends it: its write or read fails
-            try:
-                if f is not None:
-                    f.close()
-            except OSError:
-                pass
-        try:
-            os.waitpid(self.pid, 0)
-        except OSError:
-            pass
-
-
-class ChildLost(Exception):
-    """The child of a ``split`` read failed or died: its processes are read again here (``Split.whole``)."""
+        self.helper.close()
 
 
 class Split:
     """Processes a forked child read and holds whole, while this view holds them shallow (the spans
     every verdict reads, ``_shallow``): a renderer asks the child to lay out and render their lanes
-    (``render.lanes.lanes_map``), and only if the child is lost reads them again here (``whole``)."""
+    (``render.lane_jobs.lanes_map``), and only if the child is lost reads them again here (``whole``)."""
 
     def __init__(self, view: RunView, child: Child, final: bool) -> None:
         self.view, self.child, self.final = weakref.proxy(view), child, final  # the view holds this: no cycle
@@ -358,14 +292,14 @@ class Split:
             try:
                 self.child.call(fn, arg, fd)
                 return True
-            except (OSError, ValueError):  # it died: a closed pipe; an argument marshal refuses
+            except HelperLost:  # it died, or the argument cannot be sent
                 self.lost = True
         return False
 
     def reply(self) -> Any:
         try:
             return self.child.reply()
-        except ChildLost:
+        except HelperLost:
             self.lost = True
             raise
 
@@ -393,48 +327,6 @@ class Split:
         return self._whole
 
 
-def _send(out: Any, obj: Any, data: bytes | None = None) -> None:
-    """One message (``obj`` as ``marshal`` data, or ``data`` already made), length first."""
-    data = marshal.dumps(obj) if data is None else data
-    out.write(len(data).to_bytes(8, "little"))
-    out.write(data)
-    out.flush()
-
-
-def _recv(pipe: Any) -> Any:
-    head = pipe.read(8)
-    if len(head) < 8:
-        raise EOFError("the pipe closed")
-    size = int.from_bytes(head, "little")
-    data = pipe.read(size)
-    if len(data) < size:
-        raise EOFError("the pipe closed")
-    return marshal.loads(data)
-
-
-def _serve(cmd: Any, out: Any, procs: dict[str, ProcessRec], fds: socket.socket) -> None:
-    """The child's loop (``Child.call``): until the parent closes the pipe."""
-    while True:
-        try:
-            module, name, arg, with_fd = _recv(cmd)
-        except EOFError:
-            return
-        fd = None
-        try:
-            if with_fd:
-                fd = socket.recv_fds(fds, 1, 1)[1][0]
-            fn = importlib.import_module(module)
-            for part in name.split("."):
-                fn = getattr(fn, part)
-            data = marshal.dumps(("ok", fn(procs, arg) if fd is None else fn(procs, arg, fd)))
-        except Exception as exc:  # the parent does it itself
-            data = marshal.dumps(("error", repr(exc)))
-        finally:
-            if fd is not None:
-                os.close(fd)
-        _send(out, None, data)
-
-
 def _whole_from(
     child: Child, got: dict[Path, tuple[JournalTail, ProcessRec]]
 ) -> dict[Path, tuple[JournalTail, ProcessRec]] | None:
@@ -445,11 +337,12 @@ def _whole_from(
         for (_, proc), spans in zip(got.values(), packed, strict=True):
             decoded = _SPANS.decode(spans)
             proc.spans, proc.dropped = dict(zip(map(_SPAN_ID, decoded), decoded, strict=True)), {}
-    except (ChildLost, ValueError, TypeError, msgspec.DecodeError):
+    except (HelperLost, OSError, ValueError, TypeError, msgspec.DecodeError):
         return None
     return got
 
 
+@job
 def _all_spans(procs: dict[str, ProcessRec], paths: list[str]) -> list[bytes]:
     """In the child (``Child.call``): every span of each process, as ``_pack`` sends them."""
     return [msgspec.msgpack.encode(list(procs[path].spans.values())) for path in paths]
@@ -479,16 +372,6 @@ def _split_ok(
     return True
 
 
-def _widen(fd: int) -> None:
-    """A pipe that holds up to ``PIPE_BYTES`` (Linux): a large answer is not sent 64 KiB per wake-up."""
-    try:
-        import fcntl
-
-        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), Child.PIPE_BYTES)
-    except OSError:  # above /proc/sys/fs/pipe-max-size for this user: the default then
-        pass
-
-
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -514,7 +397,7 @@ def _read_whole(
 
 def _pack(tail: JournalTail, proc: ProcessRec, shallow: int | None = None, extras: bool = False) -> tuple:
     """One journal's state, as ``_unpack`` takes it back: the spans as msgpack (decoded in C by
-    the parent, straight into ``SpanRec``s), the rest as ``marshal`` data. ``extras``: also every
+    the parent, straight into ``SpanRec``s), the rest as plain data. ``extras``: also every
     span id, the earliest start at each depth and the latest end or start (``Split``)."""
     levels = _levels(proc.spans) if shallow is not None or extras else {}
     spans = list(proc.spans.values()) if shallow is None else _shallow(proc, shallow, levels)
@@ -549,7 +432,7 @@ def _levels(spans: dict[str, SpanRec]) -> dict[str, int]:
 
 def _shallow(proc: ProcessRec, depth: int, levels: dict[str, int]) -> list[SpanRec]:
     """The spans a reader drawing down to ``depth`` needs, and every span a verdict reads
-    (``diagnose``, ``postmortem``, ``hints``, ``cli.findings``), in their order, with their ancestors
+    (``diagnose``, ``postmortem``, ``hints``, ``verdicts.findings``), in their order, with their ancestors
     (so depths read from the spans sent are the same): those down to ``depth``; the open or failed
     ones; graph-capture steps that ended under an open one (the progress estimate); each phase's latest
     (whether a recorded verdict still holds); the latest to end, and any ending at the process's

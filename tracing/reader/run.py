@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import keys
+from ..journal.bulk_decode import SpanRec, span_from
 from ..journal.layout import JOURNAL_DIR, STATUS_DIR
 from ..journal.reader import JournalTail, _loads, read_regular
-from ..journal.schema import SpanRec, span_from, trim, validate
+from ..journal.schema import trim, validate
 
 __all__ = ["ProcId", "ProcessRec", "RunView", "SpanRec", "node_of"]
 
@@ -72,7 +73,7 @@ class ProcessRec:
     exit: dict[str, Any] | None = None  # the ``exit`` record another process wrote about this one
     told: list[dict[str, Any]] = field(default_factory=list)  # ``exit`` records about others
     launch: dict[str, Any] | None = None  # the ``launch`` record a node's launcher wrote (multi-node)
-    remote: str | None = None  # set for a process another node reported (``tracing.crossnode``)
+    remote: str | None = None  # set for a process another node reported (``tracing.channel.crossnode``)
     # phase -> [how many, latest end] of the spans that ended well and a shallow read left out (``_shallow``)
     dropped: dict[str, list[int]] = field(default_factory=dict)
 
@@ -96,7 +97,7 @@ class ProcessRec:
             span = self.spans.get(r["span"])
             if span is not None:
                 span.end, span.status = t, r.get("status") or "ok"
-                span.attrs = {**span.attrs, **(r.get("attrs") or {})}  # shared (``schema._AttrsCache``)
+                span.attrs = {**span.attrs, **(r.get("attrs") or {})}  # shared (``bulk_decode._AttrsCache``)
                 span.error = r.get("error")
         elif kind == "event":
             span = self.spans.get(r["span"])
@@ -347,7 +348,7 @@ class RunView:
                 proc.exit = r
 
     def set_remote(self, source: str, processes: list[ProcessRec]) -> None:
-        """Processes another node reported (``tracing.crossnode``), replacing what it said before."""
+        """Processes another node reported (``tracing.channel.crossnode``), replacing what it said before."""
         self.remote[source] = processes
 
     @property
@@ -437,7 +438,7 @@ def _apply_all(tail: JournalTail, proc: ProcessRec, chunk: tuple[dict[str, list[
     if begins := bulk.get("begin"):
         spans.update(zip(map(_SPAN_ID, begins), begins, strict=True))
         latest = max(map(_START, begins))
-    for i, r in enumerate(records):  # other kinds, and bulk kinds written otherwise than by ``journal.dumps``
+    for i, r in enumerate(records):  # other kinds, and bulk kinds written otherwise than by ``journal.writer.dumps``
         try:
             proc.apply(r)
         except Exception as exc:
@@ -475,7 +476,7 @@ _SPAN_ID, _START, _T, _NAME = attrgetter("span_id"), attrgetter("start"), attrge
 
 def _merged(attrs: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
     """A span's attrs with its ``end`` record's: a new dict, one per pair, since both are shared
-    (``schema._AttrsCache``) — spans with equal attrs keep sharing one (renderers cache by it)."""
+    (``bulk_decode._AttrsCache``) — spans with equal attrs keep sharing one (renderers cache by it)."""
     key = (id(attrs), id(more))
     hit = _MERGED.get(key)
     if hit is not None and hit[0] is attrs and hit[1] is more:  # both held: ids not reused meanwhile

@@ -27,11 +27,13 @@ from string import Template
 from typing import Any
 
 from ..journal.layout import STACKS_DIR
+from ..reader.forked_helper import job
 from ..redact import redact_text
 from ..verdicts import evidence
 from ..verdicts.diagnose import Finding
 from .jsonout import dumps
-from .lanes import Bar, Lane, Layout, lanes_map
+from .lane_jobs import lanes_map
+from .lanes import Bar, Lane, Layout
 from .phase_stats import PhaseStat, within_run
 from .units import duration
 from .verdict import headline, state, word
@@ -122,6 +124,7 @@ def _shown(bar: Bar) -> dict[str, Any]:
     return {**s.attrs, "error": f"{s.error.get('type') or ''} {s.error.get('message') or ''}".strip()}
 
 
+@job
 def lane_values(lane: Lane, _: Any = None) -> tuple[list[str], list[str], list[tuple[Any, dict[str, Any]]]]:
     """The distinct phase keys, names and (attribute set, as shown) of ``lane``'s bars, in order of
     first appearance (``lanes_map``: in the process holding them)."""
@@ -159,6 +162,7 @@ def _tooltip(bar: Bar) -> tuple[Any, dict[str, Any]]:
 _TOOLTIPS: dict[int, tuple[Any, dict[str, Any]]] = {}  # ``Bar.attrs_id`` (never reused) -> ``_tooltip``
 
 
+@job
 def lane_rows(lane: Lane, arg: tuple) -> bytes:
     """``lane``'s bars as JSON rows ``[start µs, duration µs, depth, key, name, attrs, flags]``, indexed
     into the run's tables (``lanes_map``: in the process holding them)."""

@@ -15,9 +15,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import keys
+from ..reader.forked_helper import job
 from ..verdicts.diagnose import Finding
 from .jsonout import dumps
-from .lanes import OPEN_ATTR, Bar, Held, Lane, Layout, lanes_held, resolve
+from .lane_jobs import Held, lanes_held, resolve
+from .lanes import OPEN_ATTR, Bar, Lane, Layout
 from .verdict import Marks, marks
 
 OPEN_WARNING = "phase did not end: still running, or the process died here"
@@ -170,7 +172,7 @@ def _span(bar: Bar, process_id: str, flags: Marks) -> dict[str, Any]:
 
 
 def to_jaeger(lay: Layout, found: list[Finding] | None = None) -> dict[str, Any]:
-    """``found``: the run's verdicts (``cli.findings``), root cause first; its culprit is flagged.
+    """``found``: the run's verdicts (``verdicts.findings``), root cause first; its culprit is flagged.
     The document ``jaeger_chunks`` writes, as a value."""
     return json.loads(b"".join(resolve(jaeger_chunks(lay, found))))
 
@@ -178,7 +180,7 @@ def to_jaeger(lay: Layout, found: list[Finding] | None = None) -> dict[str, Any]
 def jaeger_chunks(lay: Layout, found: list[Finding] | None = None) -> Iterator[bytes | Held]:
     """``to_jaeger``'s document as compact JSON (the same bytes as ``jsonout.dumps`` of it with
     orjson), each lane's spans made by the process holding them (``lanes_held``: a split run's
-    child writes its own into the file, ``lanes.write_pieces``): a 1024-rank run's 270 k span
+    helper writes its own into the file, ``lane_jobs.write_pieces``): a 1024-rank run's 270 k span
     objects never exist at once, nor its 250 MB in one process."""
     flags = marks(lay, found or [])
     processes = {lane.index: _process(lane) for lane in lay.lanes}
@@ -200,6 +202,7 @@ def jaeger_chunks(lay: Layout, found: list[Finding] | None = None) -> Iterator[b
     yield b"]}"
 
 
+@job
 def lane_spans(lane: Lane, arg: tuple[dict[str, str], str, dict[str, str], dict[str, Any]]) -> list[tuple[str, bytes]]:
     """(trace id, the lane's spans in it as JSON list items) for each trace the lane's bars are in,
     in order of first appearance (``lanes_map``: in the process holding them). A quarter of a

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import keys
+from ..reader.forked_helper import job
 from ..reader.run import ProcessRec
 from ..verdicts.diagnose import Finding
 from .jaeger import _TEXTS, VERDICT_ATTR, WAITING_ATTR
@@ -23,7 +24,8 @@ try:  # text never fails it: ``jsonout.dumps`` without its fallback, per span
     from orjson import dumps as _fast
 except ImportError:  # pragma: no cover
     _fast = dumps
-from .lanes import OPEN_ATTR, Bar, Held, Lane, Layout, lanes_held, resolve
+from .lane_jobs import Held, lanes_held, resolve
+from .lanes import OPEN_ATTR, Bar, Lane, Layout
 from .verdict import Marks, marks
 
 SCOPE = {"name": "sglang-phasetrace", "version": "0.1.0"}
@@ -133,7 +135,7 @@ def _span(bar: Bar, flags: Marks) -> dict[str, Any]:
 
 
 def to_otlp_json(lay: Layout, found: list[Finding] | None = None) -> dict[str, Any]:
-    """``found``: the run's verdicts (``cli.findings``), root cause first; its culprit is flagged.
+    """``found``: the run's verdicts (``verdicts.findings``), root cause first; its culprit is flagged.
     The document ``otlp_chunks`` writes, as a value."""
     return json.loads(b"".join(resolve(otlp_chunks(lay, found))))
 
@@ -156,6 +158,7 @@ def otlp_chunks(lay: Layout, found: list[Finding] | None = None) -> Iterator[byt
 _HEAD_END = b'"spans":[]}]}'
 
 
+@job
 def lane_resource_spans(lane: Lane, arg: tuple) -> list[tuple[int, bytes]]:
     """The lane's ``resourceSpans`` item (``lanes_map``: in the process holding its spans)."""
     flags = Marks(*arg)

@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from ..reader.forked_helper import job
 from ..verdicts.diagnose import Finding
 from .jaeger import _TEXTS, VERDICT_ATTR, WAITING_ATTR
 from .jsonout import dumps
@@ -22,7 +23,8 @@ try:  # numbers and text never fail it: ``jsonout.dumps`` without its fallback, 
     from orjson import dumps as _fast
 except ImportError:  # pragma: no cover
     _fast = dumps
-from .lanes import Held, Lane, Layout, lanes_held, resolve
+from .lane_jobs import Held, lanes_held, resolve
+from .lanes import Lane, Layout
 from .verdict import Marks, marks
 
 VERDICT_CATEGORY = "phasetrace.verdict"
@@ -33,7 +35,7 @@ def _args(attrs: dict[str, Any]) -> dict[str, Any]:
 
 
 def to_perfetto(lay: Layout, found: list[Finding] | None = None) -> dict[str, Any]:
-    """``found``: the run's verdicts (``cli.findings``), root cause first; its culprit is flagged.
+    """``found``: the run's verdicts (``verdicts.findings``), root cause first; its culprit is flagged.
     The document ``perfetto_chunks`` writes, as a value."""
     return json.loads(b"".join(resolve(perfetto_chunks(lay, found))))
 
@@ -57,6 +59,7 @@ def perfetto_chunks(lay: Layout, found: list[Finding] | None = None) -> Iterator
     yield b'],"displayTimeUnit":"ms","otherData":' + dumps(other) + b"}"
 
 
+@job
 def lane_events(lane: Lane, arg: tuple) -> list[tuple[int, bytes]]:
     """The lane's trace events, as JSON list items (``lanes_map``: in the process holding its spans)."""
     start, culprit, word, waiting_for, waits_on = arg

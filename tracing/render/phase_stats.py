@@ -11,7 +11,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .lanes import Lane, Layout, lanes_map
+from ..reader.forked_helper import job
+from .lane_jobs import lanes_map
+from .lanes import Lane, Layout
 
 
 @dataclass
@@ -81,6 +83,7 @@ def phase_stats(lay: Layout, depths: range | None = None) -> dict[str, PhaseStat
     return stats
 
 
+@job
 def lane_phases(lane: Lane, among: tuple[int, int] | None) -> list[tuple[str, float, int, bool]]:
     """(phase key, seconds, occurrences, open) for each key of ``lane``'s bars (at depths ``among``,
     a range's start and stop), in order of first start (``lanes_map``: in the process holding them)."""

@@ -14,7 +14,9 @@ from typing import Any
 
 from rich.text import Text
 
-from .lanes import DONE, Bar, Lane, Layout, lanes_map
+from ..reader.forked_helper import job
+from .lane_jobs import lanes_map
+from .lanes import DONE, Bar, Lane, Layout
 from .phase_stats import phase_stats
 from .term import clean
 from .units import duration
@@ -62,6 +64,7 @@ def legends(lay: Layout, depths: range) -> dict[str, Legend]:
     return shown
 
 
+@job
 def lane_rows(lane: Lane, arg: tuple) -> list[list[tuple[str, str]]]:
     """``lane``'s rows (one per depth in ``arg``), each as (text, style) runs of ``width`` cells
     (``lanes_map``: in the process holding its bars)."""

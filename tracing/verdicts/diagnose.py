@@ -17,7 +17,7 @@ exited, stopped, zombie); changes nothing, so the live watchdog, ``phasetrace wa
   lock's holder, one remote address that does not answer.
 
 What a named rank waits on (``evidence``: a lock and its holder, a busy child, a socket, its native
-call) is read by the caller's ``read`` (``evidence.RankReader``), only for the ranks a rule is about
+call) is read by the caller's ``read`` (``evidence.ranks.RankReader``), only for the ranks a rule is about
 to name or finds idle, and said after the verdict; a rank that waits on its own busy child is never
 a stall (a *busy* notice naming the child).
 
@@ -395,7 +395,7 @@ def analyze(
     read: Read | None = None,
 ) -> list[Finding]:
     """Alarms first-found order; with ``notices``, also ``busy`` and ``slow`` (not alarms). ``read``:
-    what a rank waits on (``evidence.RankReader``), asked only for the ranks a rule names or finds idle."""
+    what a rank waits on (``evidence.ranks.RankReader``), asked only for the ranks a rule names or finds idle."""
     th = thresholds or Thresholds()
     ranks = [p for p in run.processes if p.role == "rank"]
     active = [p for p in ranks if _initialising(p) and os_state(p) not in ("exited", "zombie")]

@@ -112,7 +112,7 @@ def live(
     that ended during init (``postmortem``: ``gone``, pids known to be no longer running; exit
     records and error ends are used in any case), then ranks that never reached their first phase,
     then a fresh analysis of the others (``notices``: busy and slow ones too). A rank ``named``
-    (pid or label) already is left out. ``read``: what a rank waits on (``evidence.RankReader``),
+    (pid or label) already is left out. ``read``: what a rank waits on (``evidence.ranks.RankReader``),
     asked for the ranks a verdict or notice names. The one place verdicts are put together: the
     watchdog's pass and every viewer (``findings``) both call it."""
     named = set() if named is None else named

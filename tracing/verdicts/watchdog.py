@@ -3,7 +3,7 @@
 Runs as a thread in the launching process (from its launch until the launch serves: "ready to
 roll", after the warm-up, for ``launch_server``; ``Engine.__init__`` returned) and as
 ``phasetrace watch RUN_DIR``. On each new finding it reads the stacks of the ranks involved
-(``tracing.stacks``: only processes proven to be the traced ones), prints one line to stderr,
+(``tracing.verdicts.stack_requests``: only processes proven to be the traced ones), prints one line to stderr,
 writes a ``diagnosis`` record, adds an OTel event, and exports the in-flight phases as
 *incomplete* spans so Jaeger shows where each rank is. A rank process that ends before it is
 ready is named at once, with how it ended when this process is its parent (the launcher), and
