@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -372,3 +373,42 @@ def test_one_process_killed_alone_stays_died(tmp_path: Path) -> None:
     _exits(tmp_path, (101, "tp1", "SIGKILL", 1))
     found = [f for f in _judge(tmp_path) if f.alarm]
     assert found[0].kind == "died" and found[0].label == "tp1" and "SIGKILL" in found[0].message, found
+
+
+def test_a_helpers_first_phase_waits_for_its_root_when_another_thread_is_starting_it(
+    trace_run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bootstrap thread starts a detokenizer's root ``process`` while its main thread begins
+    ``detokenizer.init``: the phase waits for the root and hangs under it, never under the
+    launcher's span (a race seen as 1 export in 2 with a detokenizer phase parented elsewhere)."""
+    import threading
+
+    from sglang_phasetrace.tracing import phases
+    from sglang_phasetrace.tracing.recorder import runtime, spans
+
+    def run_detokenizer_process() -> None: ...
+
+    monkeypatch.setattr(multiprocessing.current_process(), "_target", run_detokenizer_process, raising=False)
+    rt = runtime.current()
+    starting, go = threading.Event(), threading.Event()
+    start_phase = spans.start_phase
+
+    def slow_root(name: str, attrs: dict, **kw: object):
+        if kw.get("root"):
+            starting.set()
+            go.wait(10)
+        return start_phase(name, attrs, **kw)
+
+    monkeypatch.setattr(spans, "start_phase", slow_root)
+    boot = threading.Thread(target=phases.adopt, args=(rt,))
+    boot.start()
+    assert starting.wait(10)
+    second = threading.Thread(target=phases.adopt, args=(rt,))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive(), "the second caller returned before the root existed"
+    go.set()
+    boot.join(10)
+    second.join(10)
+    assert rt.root is not None and rt.identity.role == "detokenizer"
+    assert [s for s in load_run(trace_run_dir).processes[0].spans.values() if s.phase == "process"]
