@@ -107,7 +107,8 @@ def test_report_lanes_render_for_a_stalled_run(tmp_path: Path) -> None:
 @pytest.mark.sglang
 def test_report_lanes_render_for_a_real_run(engine_run, tmp_path: Path) -> None:
     dom = render(engine_run.run_dir, "engine-tp2", tmp_path)
-    assert {"launcher", "tp0", "tp1"} == set(dom.lanes)
+    assert {"launcher", "tp0", "tp1", "detokenizer"} == set(dom.lanes)  # every process of the launch
+    assert {"process", "detokenizer.init"} <= dom.lanes["detokenizer"]["phases"]
     for rank in ("tp0", "tp1"):
         assert dom.lanes[rank]["state"] == "ready"
         assert {"rank", "model.load_weights", "dist.init"} <= dom.lanes[rank]["phases"]
