@@ -252,7 +252,7 @@ def make_module():
 
 def read_journal(path: Path) -> tuple[list[dict], list[str]]:
     """All records of a finished (or abandoned) journal, and its problems as ``file:line: why``."""
-    from sglang_phasetrace.tracing.journal.reader import JournalTail
+    from sglang_phasetrace.tracing.journal.tail import JournalTail
 
     tail = JournalTail(path)
     return tail.read(final=True), tail.problems

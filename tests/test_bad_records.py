@@ -25,9 +25,9 @@ from cli_fixtures import HOST, build_run
 from rich.console import Console
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.journal import bulk_decode, records, schema, writer
-from sglang_phasetrace.tracing.journal import reader as journal
+from sglang_phasetrace.tracing.journal import tail as journal
 from sglang_phasetrace.tracing.reader.load import load_run
-from sglang_phasetrace.tracing.reader.run import ProcessRec, RunView
+from sglang_phasetrace.tracing.reader.view import ProcessRec, RunView
 from sglang_phasetrace.tracing.render.compare_table import ranks_table, runs_table
 from sglang_phasetrace.tracing.render.html_report import render_report
 from sglang_phasetrace.tracing.render.jaeger import to_jaeger
@@ -47,7 +47,7 @@ T = 1_000  # a time inside the run is not needed: a bad record is never used
 SPAN = "ab" * 8
 DEEP = 900  # levels: within orjson's limit (1024), beyond what a recursive walk of a record survives
 NESTED = "\x00nested"  # stands for a list nested DEEP deep: written as text, never built by recursion
-LONG = "\x00long"  # stands for a string of 2 MiB: its line is over the line cap (``journal.reader.LINE_MAX``)
+LONG = "\x00long"  # stands for a string of 2 MiB: its line is over the line cap (``journal.tail.LINE_MAX``)
 HUGE = 2**64 * 10**380  # 400 digits: orjson refuses the line; msgspec decodes it
 
 # Per kind: a valid record, and ways to break it (field -> wrong value; None = the field removed).

@@ -19,10 +19,10 @@ from sglang_phasetrace.tracing import files, process_state
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.journal import records, schema
 from sglang_phasetrace.tracing.journal import writer as journal_writer
-from sglang_phasetrace.tracing.journal.reader import LINE_MAX
+from sglang_phasetrace.tracing.journal.tail import LINE_MAX
 from sglang_phasetrace.tracing.journal.writer import RECORD_MAX, JournalWriter, dumps
 from sglang_phasetrace.tracing.reader import index, load
-from sglang_phasetrace.tracing.reader.run import RunView
+from sglang_phasetrace.tracing.reader.view import RunView
 from sglang_phasetrace.tracing.verdicts.diagnose import Finding
 from sglang_phasetrace.tracing.verdicts.voice import WAITING_BYTES, diagnosis_record
 

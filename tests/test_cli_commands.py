@@ -21,7 +21,7 @@ from conftest import requires_sglang
 from sglang_phasetrace.tracing.cli import command as command_module
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.reader import forked_helper, load
-from sglang_phasetrace.tracing.reader import run as rundir
+from sglang_phasetrace.tracing.reader import view as rundir
 from sglang_phasetrace.tracing.render import lane_jobs
 from sglang_phasetrace.tracing.render import lanes as lanes_module
 from sglang_phasetrace.tracing.render.lanes import Layout, layout

@@ -18,7 +18,7 @@ from sglang_phasetrace.tracing import keys
 from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.keys import ENV_ABORT_AFTER
 from sglang_phasetrace.tracing.reader import load
-from sglang_phasetrace.tracing.reader.run import RunView
+from sglang_phasetrace.tracing.reader.view import RunView
 from sglang_phasetrace.tracing.verdicts import diagnose
 from sglang_phasetrace.tracing.verdicts.diagnose import Thresholds, analyze
 from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog
@@ -245,7 +245,7 @@ def test_the_watchdog_kills_nothing_unless_abort_after_is_asked(tmp_path: Path, 
     findings(tmp_path, r0, r1)
     holds = (
         "import json, os, socket, sys, time\n"
-        "from sglang_phasetrace.tracing import procs\n"
+        "from sglang_phasetrace.tracing import other_processes as procs\n"
         "from sglang_phasetrace.tracing.journal import records\n"
         "pid, t = os.getpid(), int(sys.argv[2])\n"
         "fd = os.open(f'{sys.argv[1]}/{socket.gethostname()}-{pid}.jsonl', os.O_WRONLY | os.O_CREAT, 0o600)\n"

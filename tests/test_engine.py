@@ -25,7 +25,7 @@ from sglang_phasetrace.patches.spec import Report
 from sglang_phasetrace.patches.wrappers import MARK
 from sglang_phasetrace.tracing import keys
 from sglang_phasetrace.tracing.reader.load import load_run
-from sglang_phasetrace.tracing.reader.run import SpanRec
+from sglang_phasetrace.tracing.reader.view import SpanRec
 from sglang_phasetrace.tracing.recorder import runtime
 
 LOGGER = "sglang_phasetrace"

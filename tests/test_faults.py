@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import HOOKS, ROOT, SCRIPTS, dist_ranks, hook_env, kill_group, requires_sglang
-from sglang_phasetrace.tracing import procs
+from sglang_phasetrace.tracing import other_processes as procs
 from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.reader.load import load_run
 

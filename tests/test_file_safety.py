@@ -25,8 +25,8 @@ from cli_fixtures import build_run
 from conftest import ROOT, free_port, read_journal, requires_sglang, run_program
 from sglang_phasetrace.tracing import files, process_state
 from sglang_phasetrace.tracing.cli import main
-from sglang_phasetrace.tracing.journal import reader as journal
 from sglang_phasetrace.tracing.journal import records
+from sglang_phasetrace.tracing.journal import tail as journal
 from sglang_phasetrace.tracing.journal.writer import JournalWriter
 from sglang_phasetrace.tracing.reader.load import load_run
 from sglang_phasetrace.tracing.recorder import heartbeat, runtime, spans

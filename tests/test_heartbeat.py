@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 from sglang_phasetrace.tracing.reader.load import load_run
-from sglang_phasetrace.tracing.recorder import collectives, gpu, heartbeat, spans
+from sglang_phasetrace.tracing.recorder import collective_log, gpu, heartbeat, spans
 
 
 def test_heartbeat_says_where_the_process_is(trace_run_dir: Path) -> None:
     outer = spans.start_phase("model.load_weights", {"sglang.phase": "model.load_weights"})
     inner = spans.start_phase("model.weights_iterator", {"sglang.phase": "model.weights_iterator"})
     inner.progress(done=3, total=8, unit="shards")
-    entry = collectives.enter("barrier", "tp:0[0,1]")
+    entry = collective_log.enter("barrier", "tp:0[0,1]")
     beat = heartbeat.current()
     beat.beat()
     record = json.loads(beat.status_path.read_text())  # the status file holds the latest beat
@@ -32,7 +32,7 @@ def test_heartbeat_says_where_the_process_is(trace_run_dir: Path) -> None:
     assert "gpu" not in record  # a process with no GPU id (not a rank on a GPU) has no GPU figures
     assert record["main"]["state"] in "RSD" and record["dt_s"] >= 0 and record["io_b"] >= 0
     assert record["majflt"] >= 0 and record["child_cpu_s"] >= 0
-    collectives.exit(entry)
+    collective_log.exit(entry)
     inner.end()
     outer.end()
     journaled = [hb for p in load_run(trace_run_dir).processes for hb in p.heartbeats]
@@ -130,11 +130,11 @@ def test_gpu_field_a_board_lacks_is_left_out(stand_in_nvml: types.ModuleType) ->
 def test_collectives_nest_once_and_count_per_group(trace_run_dir: Path) -> None:
     group = f"tp{uuid.uuid4().hex[:8]}:0[0,1]"  # counts are per process: a group no other test used
     spans.start_phase("dist.init")
-    outer = collectives.enter("all_reduce", group)
-    assert collectives.enter("all_reduce", "pg:3") is None  # torch call inside SGLang's: not twice
-    collectives.exit(outer)
-    again = collectives.enter("all_reduce", group)
-    collectives.exit(again)
+    outer = collective_log.enter("all_reduce", group)
+    assert collective_log.enter("all_reduce", "pg:3") is None  # torch call inside SGLang's: not twice
+    collective_log.exit(outer)
+    again = collective_log.enter("all_reduce", group)
+    collective_log.exit(again)
     [proc] = load_run(trace_run_dir).processes
     assert proc.coll_counts == {group: 2} and proc.coll_open == {}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from sglang_phasetrace.tracing.journal import records
-from sglang_phasetrace.tracing.reader.run import RunView
+from sglang_phasetrace.tracing.reader.view import RunView
 from sglang_phasetrace.tracing.verdicts import hints
 from sglang_phasetrace.tracing.verdicts.diagnose import Finding, Thresholds
 from sglang_phasetrace.tracing.verdicts.findings import alarms, findings

@@ -24,11 +24,11 @@ from typing import Any
 import msgspec
 import pytest
 from conftest import requires_sglang
-from sglang_phasetrace.tracing import procs
+from sglang_phasetrace.tracing import other_processes as procs
 from sglang_phasetrace.tracing.cli import main
-from sglang_phasetrace.tracing.journal.reader import JournalTail
+from sglang_phasetrace.tracing.journal.tail import JournalTail
 from sglang_phasetrace.tracing.reader import index, load
-from sglang_phasetrace.tracing.reader.run import RunView
+from sglang_phasetrace.tracing.reader.view import RunView
 
 pytestmark = [pytest.mark.sglang, requires_sglang]
 

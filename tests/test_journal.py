@@ -13,12 +13,12 @@ import textwrap
 from pathlib import Path
 
 from conftest import read_journal
-from sglang_phasetrace.tracing.journal import reader as journal
 from sglang_phasetrace.tracing.journal import records
-from sglang_phasetrace.tracing.journal.reader import JournalTail
+from sglang_phasetrace.tracing.journal import tail as journal
+from sglang_phasetrace.tracing.journal.tail import JournalTail
 from sglang_phasetrace.tracing.journal.writer import JournalWriter, dumps
 from sglang_phasetrace.tracing.reader.load import load_run
-from sglang_phasetrace.tracing.reader.run import RunView
+from sglang_phasetrace.tracing.reader.view import RunView
 
 GOOD = [
     records.process(1, 42, None, "h", "r", 0, {}),

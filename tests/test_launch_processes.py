@@ -34,7 +34,7 @@ from conftest import HOOKS, ROOT, free_port, hook_env, kill_group, requires_sgla
 from handmade_runs import NOW, Proc
 from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.reader.load import load_run
-from sglang_phasetrace.tracing.reader.run import RunView
+from sglang_phasetrace.tracing.reader.view import RunView
 from sglang_phasetrace.tracing.verdicts import evidence, postmortem
 from sglang_phasetrace.tracing.verdicts.diagnose import Thresholds
 from sglang_phasetrace.tracing.verdicts.evidence import words

@@ -19,7 +19,7 @@ from conftest import ROOT
 PKG = "sglang_phasetrace"
 # lowest first; a module may import its own layer and those below it
 LAYERS = (
-    ("tracing.keys", "tracing.redact", "tracing.files", "tracing.procs", "tracing.process_state"),
+    ("tracing.keys", "tracing.redact", "tracing.files", "tracing.other_processes", "tracing.process_state"),
     ("tracing.journal",),
     ("tracing.recorder",),
     ("tracing.reader",),

@@ -29,7 +29,7 @@ from sglang_phasetrace.tracing.channel import crossnode, relay
 from sglang_phasetrace.tracing.channel.node_snapshot import Snapshot
 from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.reader.load import load_run
-from sglang_phasetrace.tracing.reader.run import RunView
+from sglang_phasetrace.tracing.reader.view import RunView
 from sglang_phasetrace.tracing.recorder import launch
 from sglang_phasetrace.tracing.verdicts.diagnose import Thresholds, analyze
 from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog

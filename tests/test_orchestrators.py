@@ -22,12 +22,13 @@ import pytest
 from conftest import free_port
 from handmade_runs import NOW, Proc
 from prometheus_client.parser import text_string_to_metric_families
-from sglang_phasetrace.tracing import keys, process_state, procs
+from sglang_phasetrace.tracing import keys, process_state
+from sglang_phasetrace.tracing import other_processes as procs
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.cli.probe import STILL_STARTING, find_run
 from sglang_phasetrace.tracing.journal.layout import STARTUP_FILE
 from sglang_phasetrace.tracing.launcher import endpoint
-from sglang_phasetrace.tracing.reader.run import RunView
+from sglang_phasetrace.tracing.reader.view import RunView
 from sglang_phasetrace.tracing.verdicts import startup
 from sglang_phasetrace.tracing.verdicts.diagnose import Thresholds
 from sglang_phasetrace.tracing.verdicts.findings import live

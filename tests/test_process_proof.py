@@ -26,11 +26,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sglang_phasetrace.tracing import keys, process_state, procs
+from sglang_phasetrace.tracing import keys, process_state
+from sglang_phasetrace.tracing import other_processes as procs
 from sglang_phasetrace.tracing.channel import crossnode, relay
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.journal import records
-from sglang_phasetrace.tracing.reader.run import RunView
+from sglang_phasetrace.tracing.reader.view import RunView
 from sglang_phasetrace.tracing.verdicts.diagnose import Thresholds
 from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog
 

@@ -11,7 +11,7 @@ import pytest
 from sglang_phasetrace.patches import MODEL_PHASES, PHASES
 from sglang_phasetrace.tracing import keys
 from sglang_phasetrace.tracing.journal import schema
-from sglang_phasetrace.tracing.recorder import collectives, heartbeat, runtime, spans
+from sglang_phasetrace.tracing.recorder import collective_log, heartbeat, runtime, spans
 from sglang_phasetrace.tracing.verdicts.diagnose import Finding
 from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog
 
@@ -42,10 +42,10 @@ def test_every_record_the_writers_write_is_in_the_schema(trace_run_dir: Path) ->
     phase = spans.start_phase("model.load_weights", {keys.PHASE: "model.load_weights"})
     phase.event("shard_loaded", {"done": 1, "total": 2})
     phase.progress(done=1, total=2, unit="shards")
-    entry = collectives.enter("barrier", "tp:0[0,1]")
+    entry = collective_log.enter("barrier", "tp:0[0,1]")
     beat = heartbeat.current()
     beat.beat()
-    collectives.exit(entry)
+    collective_log.exit(entry)
     rt.warn("a warning")
     phase.end(ValueError("bad shard"))
     written: list[dict] = []

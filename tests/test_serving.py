@@ -34,7 +34,7 @@ from sglang_phasetrace.tracing import keys
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.reader.load import load_run
-from sglang_phasetrace.tracing.reader.run import RunView
+from sglang_phasetrace.tracing.reader.view import RunView
 from sglang_phasetrace.tracing.recorder import heartbeat, runtime, serving
 from sglang_phasetrace.tracing.render.lanes import layout
 from sglang_phasetrace.tracing.render.verdict import headline

@@ -39,7 +39,7 @@ from conftest import (
 from coverage_resolver import Sources, table_phases, wrapped
 from otlp_receiver import OtlpReceiver
 from sglang_phasetrace.tracing.reader.load import load_run
-from sglang_phasetrace.tracing.reader.run import ProcessRec, RunView, SpanRec
+from sglang_phasetrace.tracing.reader.view import ProcessRec, RunView, SpanRec
 
 pytestmark = [requires_sglang, pytest.mark.sglang]
 

@@ -31,12 +31,12 @@ from pathlib import Path
 import msgspec
 import pytest
 from conftest import HOOKS, ROOT, hook_env, kill_group, requires_sglang
-from sglang_phasetrace.tracing import procs
+from sglang_phasetrace.tracing import other_processes as procs
 from sglang_phasetrace.tracing.channel import crossnode, relay
 from sglang_phasetrace.tracing.channel.node_snapshot import Snapshot
 from sglang_phasetrace.tracing.journal import records, schema
 from sglang_phasetrace.tracing.reader.load import load_run
-from sglang_phasetrace.tracing.reader.run import RunView
+from sglang_phasetrace.tracing.reader.view import RunView
 from sglang_phasetrace.tracing.verdicts import evidence, hints
 from sglang_phasetrace.tracing.verdicts.diagnose import Finding, Thresholds, analyze
 from sglang_phasetrace.tracing.verdicts.evidence import ranks as ranks_mod

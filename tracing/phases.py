@@ -25,7 +25,7 @@ reads; ``patches/spec.py`` refuses, at import, a phase that sets any other):
 * ``loop``: no span: a process of the launch that is neither a rank nor the launcher (its root
   ``process`` started when it was spawned: ``adopt``) enters its loop: its own start is
   done; it serves when its launch does (like an initialised rank), at once for an ``Engine``.
-* ``collective``: no span: a ``collective`` journal record in and out (``tracing.recorder.collectives``),
+* ``collective``: no span: a ``collective`` journal record in and out (``tracing.recorder.collective_log``),
   until ready; an initialised rank records only those of its warm-up passes (not its scheduler
   loop's, which polls its peers thousands of times a second).
 
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import keys, process_state
-from .recorder import collectives, handover, launch, otlp, runtime, serving, spans
+from .recorder import collective_log, handover, launch, otlp, runtime, serving, spans
 from .recorder.identity import ranks_from_attrs
 
 log = logging.getLogger("sglang_phasetrace")
@@ -237,7 +237,7 @@ class _Collective:
 
     def exit(self, result: Any, exc: BaseException | None) -> None:
         try:
-            collectives.exit(self.entry)
+            collective_log.exit(self.entry)
         except Exception as error:
             log.debug("sglang-phasetrace: collective exit not recorded: %r", error)
 
@@ -255,7 +255,7 @@ def _enter_collective(rt: runtime.Runtime, phase: PhaseSpec, call: CallInfo, sta
     op = call.target.rpartition(".")[2].rpartition(":")[2]
     try:
         group = str(_run(phase, "enter", phase.enter, call).attrs.get("group", "?"))
-        entry = collectives.enter(op, group)
+        entry = collective_log.enter(op, group)
     except Exception as exc:
         log.debug("sglang-phasetrace: collective %s not recorded: %r", op, exc)
         return None

@@ -43,7 +43,7 @@ class ProcessState:
     boot_ns: int | None = None  # when the process started (a forked child: when it was forked); None: at boot
     runtime: Any = None  # recorder.runtime.current(): run directory, journal, provider, open phases
     heartbeat: Any = None  # recorder.heartbeat.start(): the beating thread's state
-    collectives: Any = None  # recorder.collectives: the collective each thread is in, counts
+    collectives: Any = None  # recorder.collective_log: the collective each thread is in, counts
     collector: Any = None  # recorder.exporters: is the OTLP collector answering
     metrics: Any = None  # recorder.metrics: heartbeats as OTLP metrics (False: not here)
     launcher_watchdog: Any = None  # launcher.lifecycle.start() (a launcher only)

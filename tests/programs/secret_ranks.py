@@ -30,7 +30,7 @@ def _texts() -> list[str]:
 def _dump_own_stacks(reason: str) -> None:
     """The rank asks for its own stack dump (the header carries ``reason``); best effort."""
     try:
-        from sglang_phasetrace.tracing import procs
+        from sglang_phasetrace.tracing import other_processes as procs
         from sglang_phasetrace.tracing.recorder import runtime
         from sglang_phasetrace.tracing.verdicts import stack_requests
 

@@ -25,7 +25,7 @@ A launch with ``--nnodes N --node-rank k --dist-init-addr HOST:PORT`` runs one l
   this node's processes are judged from its own journals, never from a report; a snapshot naming
   this node's host, a host another node reported from, or a process (host and pid, or label) of
   this node or of another node's report is not used. A verdict names its processes by host, pid
-  and source (``reader.run.ProcId``): a reported process that shares a pid with one of this host's
+  and source (``reader.view.ProcId``): a reported process that shares a pid with one of this host's
   is never mistaken for it, and only processes read from this host's journals are signalled. Each
   refusal is one warning naming the node, never a lost pass. What is left to a store writer: false
   verdicts about the node it claims to be, labelled with that node (``docs/multinode-channel.md``,
@@ -44,10 +44,10 @@ from typing import Any
 
 import msgspec
 
-from .. import files, keys, process_state, procs
+from .. import files, keys, other_processes, process_state
 from ..journal import records
 from ..journal.waits_on import Evidence, from_builtins
-from ..reader.run import ProcessRec, RunView, node_of
+from ..reader.view import ProcessRec, RunView, node_of
 from ..recorder.launch import LAUNCH_FILE, Node
 from .node_snapshot import Launch, LaunchFile, Proc, Process, Record, Snapshot
 from .relay import Relay, decode, encode, parse_addr, printable
@@ -341,7 +341,7 @@ class CrossNode:
         not this node's host nor one another node reported from (unless every node runs on this
         machine: a loopback rendezvous), and none of this node's processes or another node's.
         Returns the host it names; ``Refused`` when it may not be used."""
-        here = procs.this_host()
+        here = other_processes.this_host()
         for p in reported:
             claimed = p.identity.get(keys.NODE_RANK)
             if claimed is not None and claimed != node:

@@ -7,7 +7,7 @@ of environment variables, ``nvidia-smi -q`` and the kernel log's tail (OOM kills
 and ``SUMMARY.md`` to paste into the issue. Every byte that goes in passes through ``tracing.redact``
 (journal records through ``redact``, text through ``redact_text``). Files are read only as regular
 files inside the run directory (never through a link), each within a cap (journals as every reader
-reads them: ``journal.reader.JournalTail``); the archive is created 0600. What could not be collected is
+reads them: ``journal.tail.JournalTail``); the archive is created 0600. What could not be collected is
 said in ``SUMMARY.md``, never fatal.
 
 The verb puts together ``bundle_run`` (each run's members), ``bundle_system`` (this machine's) and

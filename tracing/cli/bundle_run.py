@@ -1,6 +1,6 @@
 """One run's part of a bug-report bundle (``phasetrace bundle``): its journals, status files and
 stack dumps, each redacted and read within a cap, only as regular files inside the run directory
-(never through a link; journals as every reader reads them: ``journal.reader.JournalTail``); and
+(never through a link; journals as every reader reads them: ``journal.tail.JournalTail``); and
 what is made of the read: the timeline as text, the HTML report, the diagnosis, the server arguments
 and the per-rank phase table."""
 
@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ..journal.layout import JOURNAL_DIR, STACKS_DIR, STATUS_DIR
-from ..journal.reader import JournalTail, _loads, read_regular
+from ..journal.tail import JournalTail, _loads, read_regular
 from ..journal.writer import dumps
-from ..reader.run import RunView
+from ..reader.view import RunView
 from ..redact import redact, redact_text
 from ..render.html_report import render_report
 from ..render.lanes import Lane, Layout, layout
@@ -79,7 +79,7 @@ def _read(path: Path, bundle: Bundle, limit: int = -1, tail: bool = False) -> by
 
 def copy_journal(path: Path, bundle: Bundle) -> bytes:
     """The journal at ``path`` redacted, read a piece at a time as readers read it: a line over
-    ``journal.reader.LINE_MAX`` and whatever lies past ``journal.reader.journal_max()`` are left out (said in
+    ``journal.tail.LINE_MAX`` and whatever lies past ``journal.tail.journal_max()`` are left out (said in
     SUMMARY.md), so a huge or sparse file costs neither memory nor the archive's size."""
     tail = JournalTail(path)
     data = b"".join(redact_journal(lines) for lines, _ in tail.pieces(final=True))

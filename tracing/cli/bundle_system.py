@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..journal.reader import read_regular
+from ..journal.tail import read_regular
 from ..redact import REDACTED, is_secret_key, redact_text
 from .bundle_archive import Bundle
 

@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from .. import files, procs
+from .. import files, other_processes
 from ..journal import records
 from ..journal.layout import JOURNAL_DIR
 from ..journal.writer import JournalWriter
 from ..reader.load import load_run
-from ..reader.run import RunView
+from ..reader.view import RunView
 from ..redact import printable
 
 if TYPE_CHECKING:
@@ -212,7 +212,7 @@ def own_journal(run_dir: Path, prefix: str, label: str, run_id: str) -> JournalW
     ``journal/<prefix>-HOST-PID.jsonl`` created new in the checked journal directory (``-2``… when
     taken), never a file this process did not make, and removed again when it cannot be written.
     ``OSError`` (naming the file) when the run directory cannot be written: read-only, another user's."""
-    host, pid = procs.this_host(), os.getpid()
+    host, pid = other_processes.this_host(), os.getpid()
     path = run_dir / JOURNAL_DIR / f"{prefix}-{host}-{pid}.jsonl"
     try:
         dir_fd = files.open_dir(path.parent)
@@ -228,7 +228,7 @@ def own_journal(run_dir: Path, prefix: str, label: str, run_id: str) -> JournalW
     try:
         writer = JournalWriter(path)
         writer.write_or_raise(
-            records.process(time.time_ns(), pid, os.getppid(), host, run_id, None, {}, **procs.fingerprint())
+            records.process(time.time_ns(), pid, os.getppid(), host, run_id, None, {}, **other_processes.fingerprint())
         )
     except OSError as exc:
         if writer is not None:

@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from .. import procs
-from ..reader.run import RunView
+from .. import other_processes
+from ..reader.view import RunView
 from ..redact import printable
 from ..render.compare_table import ranks_table
 from ..render.lanes import Layout, layout
@@ -111,7 +111,7 @@ class Leader(subprocess.Popen):
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            ended = procs.child_ended(self.pid)
+            ended = other_processes.child_ended(self.pid)
             if ended is not None:
                 self.returncode = ended.code if ended.signal is None else -ended.signal
         return self.returncode
@@ -288,11 +288,11 @@ known-fix hints (said by the watchdog), without waiting for the deadline; not re
         """The launcher has exited (not reaped yet); its ranks may not have: SIGTERM, the grace,
         then SIGKILL to what still runs — nothing once the group is empty."""
         until = time.monotonic() + GRACE_S
-        if procs.group_alive(self.group):
+        if other_processes.group_alive(self.group):
             self.signal_group(signal.SIGTERM)
-        while procs.group_alive(self.group) and time.monotonic() < until:
+        while other_processes.group_alive(self.group) and time.monotonic() < until:
             time.sleep(0.2)
-        if procs.group_alive(self.group):
+        if other_processes.group_alive(self.group):
             self.signal_group(signal.SIGKILL)
 
     def conclude(self, rc: int, size: int | None, rate: float | None) -> int:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import keys
-from ..reader.run import RunView, SpanRec
+from ..reader.view import RunView, SpanRec
 
 NS = 1_000_000_000
 SHRUNK_TOTAL_TOKENS = 4096

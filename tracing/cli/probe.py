@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import keys, procs
+from .. import keys, other_processes
 from ..journal.layout import JOURNAL_DIR, STARTUP_FILE
-from ..journal.reader import read_regular
+from ..journal.tail import read_regular
 from ..redact import printable
 from ..verdicts.startup import CODES, Startup
 from .command import CommandError, newest_run
@@ -50,7 +50,7 @@ def read_state(run_dir: Path, now_ns: int, stale_s: float) -> dict[str, Any] | N
     writer = doc.get("writer") if isinstance(doc, dict) else None
     if not isinstance(writer, dict) or doc.get("state") not in CODES or not isinstance(doc.get("t"), int):
         return None
-    alive = procs.same_process(writer.get("pid") or 0, writer.get("host") or "", writer.get("start_ticks"),
+    alive = other_processes.same_process(writer.get("pid") or 0, writer.get("host") or "", writer.get("start_ticks"),
                                writer.get("boot_id"))  # fmt: skip
     if not alive:  # the launcher is gone: how it ended is in the journals
         return None
@@ -67,7 +67,7 @@ def assess_journals(run_dir: Path, now_ns: int) -> dict[str, Any]:
 
     view = load_run(run_dir)
     found = findings(view, now_ns, gone=gone_ranks(view))
-    here = procs.this_host()
+    here = other_processes.this_host()
     alive = {p.pid: running(p) for p in view.processes if p.role == "launcher" and p.host == here}
     outlook = usual.outlook(view, now_ns, usual.known(view))
     doc = startup.assess(view, found, now_ns, outlook, alive).to_json()

@@ -24,7 +24,7 @@ from typing import Any
 from .. import files, keys
 from ..history.store import record
 from ..journal.writer import JournalWriter
-from ..reader.run import RunView
+from ..reader.view import RunView
 from ..redact import printable
 from ..render.lanes import Layout, layout
 from ..render.run_text import status_line, summary

@@ -14,7 +14,7 @@ from rich.console import Group
 from rich.live import Live
 
 from ..reader.load import refresh_parallel
-from ..reader.run import RunView
+from ..reader.view import RunView
 from ..render.lanes import layout
 from ..render.status_table import StatusRow, status_rows, status_table, verdict_lines
 from ..render.term import text

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import keys
-from ..procs import this_host
-from ..reader.run import ProcessRec, RunView
+from ..other_processes import this_host
+from ..reader.view import ProcessRec, RunView
 from ..redact import redact
 
 SERVER_ARGS_ATTR = keys.SERVER_ARGS  # the redacted JSON ``patches/_attrs.server_args_json`` writes

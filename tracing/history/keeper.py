@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from . import where
 
 if TYPE_CHECKING:
-    from ..reader.run import RunView
+    from ..reader.view import RunView
 
 log = logging.getLogger("sglang_phasetrace")
 EXIT_WAIT_S = 1.0  # the longest an exiting process waits for its start to be recorded

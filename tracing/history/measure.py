@@ -1,7 +1,7 @@
 """What a run says about its start, in the terms the history keeps: when it began and ended, how
 it ended, and each phase's time on each process.
 
-Phase keys and process labels are ``compare``'s (``reader.run.phase_key``: a phase a rank runs
+Phase keys and process labels are ``compare``'s (``reader.view.phase_key``: a phase a rank runs
 several ways is split by its variant; repeats of one key in a process are summed; a phase still
 open counts up to the run's latest record and is flagged), so ``compare RUN --baseline`` and the
 history speak of the same rows. Read straight from the spans, without laying the run out: at
@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .. import keys
-from ..reader.run import ProcessRec, RunView, node_label, phase_key
+from ..reader.view import ProcessRec, RunView, node_label, phase_key
 from ..redact import redact
 
 NS = 1_000_000_000

@@ -49,7 +49,7 @@ from typing import Any
 from urllib.parse import quote
 
 from .. import files, process_state
-from ..reader.run import RunView
+from ..reader.view import RunView
 from ..redact import redact_text
 from . import fingerprint as fingerprints
 from .fingerprint import Fingerprint

@@ -6,7 +6,7 @@ run: 614 k of 620 k). Their lines are decoded by msgspec straight into the objec
 by column instead (``bulk_valid``): ids (a ``pattern`` is a regex per value: +30 % on a 1024-rank
 read) and attrs (decoded once per distinct text, ``_AttrsCache``). A chunk where either refuses a
 line goes the way of every other kind: ``validate`` per record, naming the line
-(``journal.reader.JournalTail``). ``tests/test_bad_records.py`` checks that these decoders accept
+(``journal.tail.JournalTail``). ``tests/test_bad_records.py`` checks that these decoders accept
 and refuse what ``validate`` does.
 """
 

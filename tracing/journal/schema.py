@@ -4,7 +4,7 @@
 Every record is one JSON object with ``kind`` (one of ``KINDS``) and ``t`` (Unix time, integer ns).
 A required field must be present with its type; an optional field may be missing or null (readers
 treat both as "not known"); fields not listed here are ignored and dropped (``trim``), so a newer
-writer can add some. Readers (``journal.reader.JournalTail``, ``reader.run.RunView.status_file``)
+writer can add some. Readers (``journal.tail.JournalTail``, ``reader.view.RunView.status_file``)
 skip a record that fails ``validate`` and report it once as ``file:line: why`` (the why worded by
 ``journal.refusals``); what they use
 afterwards is the record's own dict, which may rely on the types below, so code downstream never
@@ -18,7 +18,7 @@ most ``DEPTH_MAX`` deep.
 Kinds (schema version 1):
 
 ``process``    first line: ``pid``; ``v``, ``ppid``, ``host``, ``run_id``, ``boot_t``, ``resource``,
-               ``start_ticks`` and ``boot_id`` (recognise the process later: ``tracing.procs``)
+               ``start_ticks`` and ``boot_id`` (recognise the process later: ``tracing.other_processes``)
 ``identity``   who this process is, once known: ``label`` (``tp1``, ``launcher``), ``role``, ``attrs``
 ``begin``      a phase started: ``span``, ``name``; ``parent`` (16 hex or null), ``trace`` (32 hex),
                ``attrs``, ``thread``

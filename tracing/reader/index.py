@@ -40,12 +40,12 @@ from typing import Any, get_type_hints
 
 import msgspec
 
-from .. import files, procs
+from .. import files, other_processes
 from ..journal.bulk_decode import SpanRec
 from ..journal.layout import JOURNAL_DIR
-from ..journal.reader import JournalTail, journal_max
+from ..journal.tail import JournalTail, journal_max
 from ..redact import printable
-from .run import ProcessRec, RunView
+from .view import ProcessRec, RunView
 
 log = logging.getLogger("sglang_phasetrace")
 
@@ -126,7 +126,7 @@ class Index(msgspec.Struct, gc=False):
     run: str  # the run directory's name
     dev: int  # its journal directory's
     ino: int
-    journal_max: int  # ``journal.reader.journal_max()`` when read: another cap reads otherwise
+    journal_max: int  # ``journal.tail.journal_max()`` when read: another cap reads otherwise
     finished: bool  # every process had ended (False: written while the run serves)
     t: int  # when written (ns)
     attrs_at: int  # ``list[dict[str, Any]]``: the attrs objects spans share
@@ -400,13 +400,13 @@ def ended(proc: ProcessRec) -> bool:
     another process recorded its exit. A process of another host is never guessed gone."""
     if proc.exit is not None:
         return True
-    if proc.host != procs.this_host() or not proc.pid:
+    if proc.host != other_processes.this_host() or not proc.pid:
         return False
-    if not procs.alive(proc.pid):
+    if not other_processes.alive(proc.pid):
         return True
-    if proc.boot_id is not None and proc.boot_id != procs.boot_id():
+    if proc.boot_id is not None and proc.boot_id != other_processes.boot_id():
         return True
-    return isinstance(proc.start_ticks, int) and procs.start_ticks(proc.pid) != proc.start_ticks
+    return isinstance(proc.start_ticks, int) and other_processes.start_ticks(proc.pid) != proc.start_ticks
 
 
 def finished(view: RunView) -> bool:

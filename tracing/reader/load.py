@@ -19,10 +19,10 @@ import msgspec
 from .. import keys
 from ..journal.bulk_decode import SpanRec
 from ..journal.layout import JOURNAL_DIR
-from ..journal.reader import JournalTail
+from ..journal.tail import JournalTail
 from . import index
 from .forked_helper import Helper, HelperLost, can_fork, job
-from .run import ProcessRec, RunView, _apply_all
+from .view import ProcessRec, RunView, _apply_all
 
 
 def refresh_parallel(

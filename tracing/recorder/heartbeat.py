@@ -22,7 +22,7 @@ from typing import Any
 from .. import files, keys, process_state
 from ..journal import records
 from ..journal.layout import STATUS_DIR
-from . import activity, collectives, gpu, metrics, runtime, serving
+from . import activity, collective_log, gpu, metrics, runtime, serving
 
 log = logging.getLogger("sglang_phasetrace")
 
@@ -63,7 +63,7 @@ class Heartbeat:
                 item["progress"] = progress
             phases.append(item)
         cpu = self._cpu()
-        current, counts = collectives.state().in_flight(now)
+        current, counts = collective_log.state().in_flight(now)
         ident = self.rt.identity
         record = records.heartbeat(
             now,

@@ -7,7 +7,7 @@ the interpreter, which a rank blocked in gloo/NCCL/CUDA never does: with one ins
 inherited as ignored would stop being ignored. So a traced process dies on every signal exactly
 as the untraced one does. Nothing is lost by it: each ``begin`` is already durable in the journal,
 and the process that watches (the launcher, ``phasetrace run``, ``phasetrace watch``) records how
-a process ended when it sees it gone (``tracing.procs.child_ended``).
+a process ended when it sees it gone (``tracing.other_processes.child_ended``).
 """
 
 from __future__ import annotations

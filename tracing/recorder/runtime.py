@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import Status, StatusCode
 
-from .. import files, keys, process_state, procs
+from .. import files, keys, other_processes, process_state
 from ..journal import records
 from ..journal.layout import JOURNAL_DIR, STATUS_DIR
 from ..journal.writer import JournalWriter, write_wait_s
@@ -350,8 +350,8 @@ class Runtime:
                     run_dir.name,
                     self.boot_ns,
                     dict(resource.attributes),
-                    start_ticks=procs.start_ticks(ident.pid),
-                    boot_id=procs.boot_id(),
+                    start_ticks=other_processes.start_ticks(ident.pid),
+                    boot_id=other_processes.boot_id(),
                 )
             )
         except OSError as exc:

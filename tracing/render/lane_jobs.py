@@ -15,7 +15,7 @@ from typing import Any
 from ..files import pwrite_all
 from ..reader import forked_helper
 from ..reader.forked_helper import HelperLost, named, ref
-from ..reader.run import ProcessRec
+from ..reader.view import ProcessRec
 from .lanes import PART_LANES, Lane, Layout, Part
 
 

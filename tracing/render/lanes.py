@@ -25,7 +25,7 @@ import msgspec
 
 from ..reader.forked_helper import job
 from ..reader.load import Split
-from ..reader.run import ProcessRec, RunView, SpanRec, node_label, phase_key_of
+from ..reader.view import ProcessRec, RunView, SpanRec, node_label, phase_key_of
 from .shown_attrs import IDS, SHOWN_IDS, attrs_key, new_id, raw_key, redact_span
 
 OPEN_ATTR = "phasetrace.open"  # set on exported spans that never ended

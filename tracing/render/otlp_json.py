@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import keys
 from ..reader.forked_helper import job
-from ..reader.run import ProcessRec
+from ..reader.view import ProcessRec
 from ..verdicts.diagnose import Finding
 from .jaeger import _TEXTS, VERDICT_ATTR, WAITING_ATTR
 from .jsonout import dumps

@@ -9,7 +9,7 @@ import itertools
 from typing import Any
 
 from .. import keys
-from ..reader.run import SpanRec, key_text
+from ..reader.view import SpanRec, key_text
 from ..redact import is_secret_key, redact
 
 _MEMO: dict[tuple[str, str], Any] = {}  # (key, text) -> redacted: values repeat across spans and ranks

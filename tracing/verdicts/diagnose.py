@@ -42,8 +42,8 @@ import msgspec
 
 from .. import keys
 from ..journal.waits_on import MAX_EVIDENCE
-from ..procs import this_host
-from ..reader.run import ProcessRec, ProcId, RunView, where_detail
+from ..other_processes import this_host
+from ..reader.view import ProcessRec, ProcId, RunView, where_detail
 from .evidence import Evidence, cause_key, from_builtins, labels_text, phrase, shared_cause
 
 NS = 1_000_000_000

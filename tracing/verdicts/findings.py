@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import procs
-from ..reader.run import ProcessRec, RunView
+from .. import other_processes
+from ..reader.view import ProcessRec, RunView
 from . import evidence, launch_waits, postmortem, usual
 from .diagnose import VERDICT, Finding, Read, Thresholds, analyze, said
 from .not_started import not_started
@@ -66,13 +66,16 @@ def running(proc: ProcessRec) -> bool:
     (``watchdog.pinned``). Another node's report is never running here."""
     return (
         proc.remote is None
-        and proc.host == procs.this_host()
-        and procs.alive(proc.pid)
-        and (proc.start_ticks is None or procs.same_process(proc.pid, proc.host, proc.start_ticks, proc.boot_id))
+        and proc.host == other_processes.this_host()
+        and other_processes.alive(proc.pid)
+        and (
+            proc.start_ticks is None
+            or other_processes.same_process(proc.pid, proc.host, proc.start_ticks, proc.boot_id)
+        )
     )
 
 
-def gone_ranks(run: RunView) -> dict[int, procs.Ended | None]:
+def gone_ranks(run: RunView) -> dict[int, other_processes.Ended | None]:
     """Rank and helper processes of this host that are no longer running though not ready (how they
     ended is known only to their parent: None), for ``postmortem``. Those of other hosts: never guessed."""
     return {
@@ -81,7 +84,7 @@ def gone_ranks(run: RunView) -> dict[int, procs.Ended | None]:
         if (p.role == "rank" or p.helper)
         and not p.ready
         and p.exit is None
-        and p.host == procs.this_host()
+        and p.host == other_processes.this_host()
         and not running(p)
     }
 
@@ -101,7 +104,7 @@ def live(
     run: RunView,
     now_ns: int,
     th: Thresholds,
-    gone: dict[int, procs.Ended | None] | None = None,
+    gone: dict[int, other_processes.Ended | None] | None = None,
     ends: list[postmortem.Ending] | None = None,
     *,
     notices: bool = False,
@@ -163,7 +166,7 @@ def findings(
     run: RunView,
     now_ns: int,
     thresholds: Thresholds | None = None,
-    gone: dict[int, procs.Ended | None] | None = None,
+    gone: dict[int, other_processes.Ended | None] | None = None,
     read: Read | None = None,
 ) -> list[Finding]:
     """One finding per rank, alarms before notices, the alarm that began first (the root cause)

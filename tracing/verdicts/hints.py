@@ -17,7 +17,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from ..reader.run import ProcessRec, RunView
+from ..reader.view import ProcessRec, RunView
 from . import evidence
 from .diagnose import Finding
 from .evidence import BUSY_PCT, Evidence

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
 from .. import keys
-from ..reader.run import ProcessRec
+from ..reader.view import ProcessRec
 
 
 def _context(trace_id: str, span_id: str) -> SpanContext:

@@ -20,7 +20,7 @@ one named blocked: its next step is theirs.
 from __future__ import annotations
 
 from .. import keys
-from ..reader.run import ProcessRec, RunView
+from ..reader.view import ProcessRec, RunView
 from .diagnose import (
     NS,
     Finding,

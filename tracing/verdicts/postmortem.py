@@ -6,7 +6,7 @@ A rank process that is gone before it was ready, or whose rank root ended with a
 finding. The first one in time is the root cause; a rank that failed after it is labelled a
 consequence (SGLang's peers fail within a second of a dead peer: "TP rank 0 could finish the model
 loading, but there are other ranks that didn't finish loading…"). How a process ended (signal or
-exit code) is known to its parent (``procs.child_ended``) and recorded as an ``exit`` record by
+exit code) is known to its parent (``other_processes.child_ended``) and recorded as an ``exit`` record by
 whoever saw it; other watchers read that record or say "gone".
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import keys, procs
-from ..reader.run import ProcessRec, RunView
+from .. import keys, other_processes
+from ..reader.view import ProcessRec, RunView
 from ..redact import redact_text
 from .diagnose import Finding
 
@@ -52,7 +52,7 @@ def _error_phase(proc: ProcessRec) -> tuple[str | None, float | None, str]:
     return (span.phase if span is not None else None), seconds, redact_text(text.splitlines()[0][:300])
 
 
-def endings(run: RunView, gone: dict[int, procs.Ended | None]) -> list[Ending]:
+def endings(run: RunView, gone: dict[int, other_processes.Ended | None]) -> list[Ending]:
     """Ranks that ended before ready, oldest first. ``gone``: pid -> how it ended (None: unknown)
     for rank processes no longer running."""
     out = []
@@ -64,7 +64,7 @@ def endings(run: RunView, gone: dict[int, procs.Ended | None]) -> list[Ending]:
         root = proc.root
         recorded = proc.exit  # an ``exit`` record someone wrote for it
         # ``gone`` names pids of this host's journals: never another node's report with the same pid
-        mine = proc.remote is None and proc.host == procs.this_host() and proc.pid in gone
+        mine = proc.remote is None and proc.host == other_processes.this_host() and proc.pid in gone
         if root is not None and root.status == "error":
             phase, seconds, text = _error_phase(proc)
             out.append(Ending(proc, root.end or proc.last_t, f"failed: {text}", phase, seconds, True))
@@ -79,7 +79,7 @@ def endings(run: RunView, gone: dict[int, procs.Ended | None]) -> list[Ending]:
                 out.append(Ending(proc, max(raised), f"failed: {text}", phase, seconds, True))
                 continue
             if ended is None and recorded is not None:
-                ended = procs.Ended(proc.pid, recorded.get("code"), _signum(recorded.get("signal")))
+                ended = other_processes.Ended(proc.pid, recorded.get("code"), _signum(recorded.get("signal")))
             how = ended.describe() if ended is not None else "is gone (exit status not visible from this process)"
             t = max(proc.last_t, torn.get((proc.host, proc.pid), 0))  # running as the teardown began: ended in it
             phase, seconds = _innermost_at(proc, t)
@@ -100,7 +100,7 @@ def _torn_down(run: RunView) -> dict[tuple[str | None, int], int]:
     return out
 
 
-def _finished_cleanly(proc: ProcessRec, ended: procs.Ended | None, recorded: dict | None) -> bool:
+def _finished_cleanly(proc: ProcessRec, ended: other_processes.Ended | None, recorded: dict | None) -> bool:
     """A process without a rank root (a program of ranks, not a Scheduler) that ended every phase
     well and did not die of a signal or an error code: it finished, it did not fail."""
     code = ended.code if ended is not None else (recorded or {}).get("code")
@@ -129,8 +129,8 @@ def describe(ending: Ending, root: Ending | None) -> str:
     p = ending.proc
     how = ending.how
     if "SIGKILL" in how:
-        note = procs.memory_note((p.last_heartbeat or {}).get("rss"))
-        if note and p.host == procs.this_host():
+        note = other_processes.memory_note((p.last_heartbeat or {}).get("rss"))
+        if note and p.host == other_processes.this_host():
             how = how.replace("(likely the OOM killer)", f"(likely the OOM killer; {note})")
     where = f" in '{ending.phase}'" if ending.phase else " before its first phase"
     after = f" after {ending.in_phase_s:.0f} s" if ending.in_phase_s is not None else ""
@@ -179,7 +179,9 @@ def stop_text(stop: list[Ending]) -> str:
     return f"by {signal} from outside the launch: {labels} ended by it together ({was})"
 
 
-def findings(run: RunView, gone: dict[int, procs.Ended | None], ends: list[Ending] | None = None) -> list[Finding]:
+def findings(
+    run: RunView, gone: dict[int, other_processes.Ended | None], ends: list[Ending] | None = None
+) -> list[Finding]:
     """One finding per rank that ended during init (kind ``died`` or ``failed``), root cause first
     (``ends``: ``endings(run, gone)``, when the caller has them already); one ``stopped`` finding
     for the processes a signal from outside ended together."""
@@ -211,7 +213,7 @@ def _each(ends: list[Ending], root: Ending | None) -> list[Finding]:
     ]
 
 
-def root_cause_line(run: RunView, gone: dict[int, procs.Ended | None]) -> str | None:
+def root_cause_line(run: RunView, gone: dict[int, other_processes.Ended | None]) -> str | None:
     """The post-mortem: the first failure, named as the root cause, and how many followed."""
     ends = endings(run, gone)
     if not ends or stopped(run, ends) is not None:  # a stop from outside has no root cause inside

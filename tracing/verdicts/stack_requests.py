@@ -1,6 +1,6 @@
 """Stacks of a stalled process, read with as little disturbance as possible.
 
-In order of preference, for a process proven to be the traced one (``tracing.procs``):
+In order of preference, for a process proven to be the traced one (``tracing.other_processes``):
 
 1. ``/proc`` (always, never perturbs): each thread's name, state and kernel wait channel.
 2. ``py-spy dump`` (out of process, where installed and ptrace is allowed): Python and native
@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import procs
+from .. import other_processes
 from ..journal.layout import STACKS_DIR
 from ..recorder.stackdump import stack_signal, warn_once
 from ..redact import redact_text
@@ -65,11 +65,11 @@ def thread_states(pid: int) -> str:
     return "\n".join(lines)
 
 
-def request(target: procs.Pinned, run_dir: Path, stem: str, reason: str, wait_s: float = 2.0) -> list[Path]:
+def request(target: other_processes.Pinned, run_dir: Path, stem: str, reason: str, wait_s: float = 2.0) -> list[Path]:
     """A new request file in ``run_dir/stacks/`` (the reason, the ``/proc`` view), then, if the
     process catches the dump signal and has its own dump file there, the signal; the paths of
     what holds its stacks: its own file first once the dump arrived, then the request file.
-    ``target``: a process proven to be ours (``procs.pin``)."""
+    ``target``: a process proven to be ours (``other_processes.pin``)."""
     sig, pid = stack_signal(), target.pid
     stacks = Path(run_dir) / STACKS_DIR
     own = f"{stem}.txt"
@@ -86,7 +86,7 @@ def request(target: procs.Pinned, run_dir: Path, stem: str, reason: str, wait_s:
             f"=== stacks of pid {pid} requested at {time.strftime('%Y-%m-%d %H:%M:%S')}: {redact_text(reason)} ===\n"
             f"{thread_states(pid)}\n"
         )
-        armed = marker is not None and procs.catches(pid, sig)
+        armed = marker is not None and other_processes.catches(pid, sig)
         if armed:
             header += f"=== its Python stacks: {stacks / own}, from byte {marker} ===\n"
         fd, name = create_new(dir_fd, f"{stem}-request-{int(time.time())}.txt")
@@ -127,7 +127,7 @@ def _size(dir_fd: int, name: str) -> int | None:
     return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
-def py_spy(target: procs.Pinned, run_dir: Path, stem: str) -> Path | None:
+def py_spy(target: other_processes.Pinned, run_dir: Path, stem: str) -> Path | None:
     """``py-spy dump`` (Python frames) and ``py-spy dump --native`` (with C frames; on some builds it
     loses the Python ones) into a new ``run_dir/stacks/<stem>-py-spy-<time>.txt``, redacted; None
     (said once) when missing or refused. ``target``: proven ours; what py-spy read is kept only if

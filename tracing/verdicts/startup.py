@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
-from .. import procs
-from ..reader.run import ProcessRec, RunView
+from .. import other_processes
+from ..reader.view import ProcessRec, RunView
 from . import voice
 from .diagnose import PREFIX, Finding
 from .findings import alarms, by_process
@@ -200,5 +200,5 @@ def state_file(s: Startup) -> bytes:
     can tell a writer that stopped writing from one that is gone."""
     doc = s.to_json()
     doc.pop("processes")
-    doc["writer"] = {"pid": os.getpid(), "host": procs.this_host(), **procs.fingerprint()}
+    doc["writer"] = {"pid": os.getpid(), "host": other_processes.this_host(), **other_processes.fingerprint()}
     return orjson.dumps(doc)

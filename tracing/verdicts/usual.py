@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import process_state
-from ..reader.run import ProcessRec, RunView, SpanRec, phase_key
+from ..reader.view import ProcessRec, RunView, SpanRec, phase_key
 from .diagnose import Finding, Thresholds
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from ..journal import records
-from ..reader.run import RunView
+from ..reader.view import RunView
 from ..redact import printable, redact_text
 from .diagnose import PREFIX, VERDICT, Finding
 

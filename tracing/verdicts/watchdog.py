@@ -23,10 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from .. import files, keys, process_state, procs
+from .. import files, keys, other_processes, process_state
 from ..journal import records
 from ..journal.layout import STARTUP_FILE
-from ..reader.run import ProcessRec, ProcId, RunView
+from ..reader.view import ProcessRec, ProcId, RunView
 from ..recorder import metrics, otlp, runtime
 from ..redact import printable, redact_text
 from . import evidence, postmortem, startup, usual, voice
@@ -41,10 +41,10 @@ STOP_LOOK_S = 0.5  # after a death is seen, when the pass looks again for the re
 EXIT_WAIT_S = 1.0  # the longest an exiting launcher waits for its start to be recorded (``history.keeper``)
 
 
-def pinned(proc: ProcessRec) -> procs.Pinned | None:
+def pinned(proc: ProcessRec) -> other_processes.Pinned | None:
     """``proc`` held by a pidfd when it is proven ours, else None: read from this host's own
     journal (never another node's report), in a run directory and journal directory of this user
-    that nobody else can write, and ``procs.pin`` (it runs now and writes that journal). Only
+    that nobody else can write, and ``other_processes.pin`` (it runs now and writes that journal). Only
     such a process is signalled, read with py-spy, or aborted. A directory that fails is said once."""
     if proc.remote is not None:
         return None
@@ -54,7 +54,7 @@ def pinned(proc: ProcessRec) -> procs.Pinned | None:
         if process_state.say_once(("unproven", why)):
             log.warning("sglang-phasetrace: nothing in this run is signalled: %s", why)
         return None
-    return procs.pin(proc.pid, proc.host, proc.start_ticks, proc.boot_id, journal)
+    return other_processes.pin(proc.pid, proc.host, proc.start_ticks, proc.boot_id, journal)
 
 
 class Watchdog:
@@ -80,7 +80,7 @@ class Watchdog:
         self.record = record
         self.py_spy = py_spy
         self.first_seen: dict[tuple, float] = {}  # finding key -> when it was reported
-        self.gone: dict[int, procs.Ended | None] = {}  # rank pid -> how it ended (None: unknown)
+        self.gone: dict[int, other_processes.Ended | None] = {}  # rank pid -> how it ended (None: unknown)
         self.stop = threading.Event()
         self.lock = threading.Lock()  # one pass at a time (the loop, and last words from a handler)
         self.failed = False
@@ -144,7 +144,7 @@ class Watchdog:
         launcher, written to the run's state file for ``phasetrace probe``. Never raises."""
         try:
             outlook = usual.outlook(self.run, now_ns, usual.known(self.run))
-            here = procs.this_host()
+            here = other_processes.this_host()
             alive = {p.pid: running(p) for p in self.run.processes if p.role == "launcher" and p.host == here}
             self.startup = startup.assess(self.run, found, now_ns, outlook, alive)
             if self.publishes:
@@ -182,11 +182,11 @@ class Watchdog:
                 continue
             if proc.pid in self.gone or proc.ready or proc.remote is not None or proc.exit is not None:
                 continue
-            if proc.host != procs.this_host():
+            if proc.host != other_processes.this_host():
                 continue
             if running(proc):
                 continue
-            ended = procs.child_ended(proc.pid)  # the launcher is the ranks' parent
+            ended = other_processes.child_ended(proc.pid)  # the launcher is the ranks' parent
             self.gone[proc.pid], found = ended, True
             if ended is not None and self.record is not None:
                 self.record(

@@ -15,8 +15,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ... import keys, procs
-from ...reader.run import ProcessRec, RunView
+from ... import keys, other_processes
+from ...reader.view import ProcessRec, RunView
 from . import read
 from .locks import LockLine, read_locks
 from .sockets import TcpRow, read_tcp
@@ -42,7 +42,7 @@ class RankReader:
         """What ``proc`` waits on (read once a pass); ``native``: a py-spy dump's text just taken, to
         read it again with its native frame (a dump is used once: the rank may wait elsewhere later)."""
         try:
-            if proc.remote is not None or proc.host != procs.this_host():
+            if proc.remote is not None or proc.host != other_processes.this_host():
                 return self.remote(proc) if self.remote is not None else None
             got = self.now.get(proc.pid)
             if got is not None and native is None:
@@ -79,7 +79,7 @@ class RankReader:
     def launch(self) -> set[int]:
         """The pids of this launch on this host (its journals'): a lock holder among them, or below one,
         is part of it."""
-        here = procs.this_host()
+        here = other_processes.this_host()
         run = self.run.processes if self.run is not None else []
         return self._once("launch", lambda: {p.pid for p in run if p.remote is None and p.host == here and p.pid})
 

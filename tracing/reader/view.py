@@ -27,8 +27,8 @@ from typing import Any
 from .. import keys
 from ..journal.bulk_decode import SpanRec, span_from
 from ..journal.layout import JOURNAL_DIR, STATUS_DIR
-from ..journal.reader import JournalTail, _loads, read_regular
 from ..journal.schema import trim, validate
+from ..journal.tail import JournalTail, _loads, read_regular
 
 __all__ = ["ProcId", "ProcessRec", "RunView", "SpanRec", "node_of"]
 
@@ -68,7 +68,7 @@ class ProcessRec:
     coll_counts: dict[str, int] = field(default_factory=dict)  # group -> collectives entered
     coll_ops: dict[str, dict[int, str]] = field(default_factory=dict)  # group -> seq -> op (recent)
     coll_open: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)  # entered, not left
-    start_ticks: int | None = None  # with boot_id: recognises the process later (``tracing.procs``)
+    start_ticks: int | None = None  # with boot_id: recognises the process later (``tracing.other_processes``)
     boot_id: str | None = None
     exit: dict[str, Any] | None = None  # the ``exit`` record another process wrote about this one
     told: list[dict[str, Any]] = field(default_factory=list)  # ``exit`` records about others
