@@ -156,8 +156,10 @@ def kill_group(pgid: int) -> None:
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A 2-layer Llama and an EAGLE draft for it, random weights, made locally once per session."""
+def tiny_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A 2-layer Llama and an EAGLE draft for it, random weights, made locally once per session
+    (the first test that needs it, and so every SGLang start, carries the ``sglang`` marker)."""
+    refuse_unmarked(request)
     if not have_sglang():
         pytest.skip("real sglang is not installed")
     out = tmp_path_factory.mktemp("models")
@@ -306,3 +308,12 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if done.returncode != 0:
         pytest.fail(f"run alone (threads here: {others}), it failed:\n{done.stdout[-6000:]}{done.stderr[-2000:]}")
     return True  # it ran, and passed, in that process
+
+
+def refuse_unmarked(request: pytest.FixtureRequest) -> None:
+    """The same rule where collection cannot see it (``request.getfixturevalue``, a parametrized
+    variant): a fixture of ``STARTS_SGLANG`` fails the test without the ``sglang`` marker that asked
+    for it, before SGLang starts."""
+    item = getattr(request, "_pyfuncitem", None)
+    if item is not None and item.get_closest_marker("sglang") is None:
+        pytest.fail(f"{item.nodeid} starts real SGLang ({request.fixturename}) without @pytest.mark.sglang", False)

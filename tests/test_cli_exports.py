@@ -26,7 +26,7 @@ from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.reader.load import load_run
 
 
-@pytest.fixture(scope="module", params=["stalled", "same-ids", "engine"])
+@pytest.fixture(scope="module", params=["stalled", "same-ids", pytest.param("engine", marks=pytest.mark.sglang)])
 def run_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A stalled run (open phases, damaged journals), ranks sharing span ids, and a real start."""
     if request.param == "engine":
