@@ -68,14 +68,18 @@ def attributes(items: Any) -> dict[str, Any]:
 class OtlpReceiver:
     """One receiver on 127.0.0.1 (a free port); thread-safe record of every exported span."""
 
-    def __init__(self, protocol: str = "grpc", delay_s: float = 0.0, answers: int | None = None) -> None:
+    def __init__(
+        self, protocol: str = "grpc", delay_s: float = 0.0, answers: int | None = None, metrics: bool = True
+    ) -> None:
         """``delay_s``: every request is answered that late; ``answers``: after answering that many
-        trace requests, the receiver stops (its port closed: later connections are refused)."""
+        trace requests, the receiver stops (its port closed: later connections are refused);
+        ``metrics=False``: traces only, as Jaeger (HTTP 404, gRPC UNIMPLEMENTED for metrics)."""
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol {protocol!r} not in {PROTOCOLS}")
         self.protocol = protocol
         self.delay_s = delay_s
         self.answers = answers
+        self.metrics = metrics
         self.port = 0
         self.requests = 0
         self.metric_requests = 0
@@ -160,7 +164,8 @@ class OtlpReceiver:
 
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Servicer(), server)
-        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(MetricsServicer(), server)
+        if self.metrics:
+            metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(MetricsServicer(), server)
         self.port = server.add_insecure_port("127.0.0.1:0")
         server.start()
         self._server = server
@@ -171,7 +176,7 @@ class OtlpReceiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 path = self.path.split("?")[0]
-                if path not in ("/v1/traces", "/v1/metrics"):
+                if path not in ("/v1/traces", "/v1/metrics") or (path == "/v1/metrics" and not receiver.metrics):
                     self.send_error(404)
                     return
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))

@@ -133,12 +133,12 @@ def test_a_refused_collector_is_one_warning_naming_the_endpoint(monkeypatch, cap
 FAULT_PROGRAM = textwrap.dedent("""
     import sys, time
     from sglang_phasetrace.tracing.recorder import spans
+    spans.start_phase("left.open")  # open throughout (heartbeats, hence metrics); ended as incomplete at exit
     for i in range(20):
         spans.start_phase(f"phase{i}", {"sglang.phase": f"phase{i}"}).end()
     time.sleep(1.5)  # a batch of spans and of metrics goes out (and one that dies, dies after it)
     for i in range(20, 40):
         spans.start_phase(f"phase{i}", {"sglang.phase": f"phase{i}"}).end()
-    spans.start_phase("left.open")  # ended as incomplete at exit
     print("exiting", time.monotonic(), flush=True)
     sys.exit(3)
 """)
@@ -174,6 +174,7 @@ def test_a_failing_collector_costs_an_exit_under_a_second_one_line_and_no_record
     with OtlpReceiver(protocol) as live:
         live_s, err, _ = run_faulty(tmp_path, "live", live.endpoint, protocol)
         names = {s.name for s in live.spans}
+        assert live.metric_requests > 0
     assert {f"phase{i}" for i in range(40)} | {"left.open"} <= names, sorted(names)
     assert "sglang-phasetrace" not in err, err
     for fault in FAULTS:
@@ -190,6 +191,26 @@ def test_a_failing_collector_costs_an_exit_under_a_second_one_line_and_no_record
         assert sum(r["status"] == "incomplete" for r in ended) == 1
         assert [r for r in records if r["kind"] == "warning"] != []  # the line is in the journal too
     assert live_s - base_s < 1.0
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_collector_that_takes_spans_and_refuses_metrics_is_its_own_line_and_still_gets_every_span(
+    protocol: str, tmp_path: Path
+) -> None:
+    """Jaeger answers a metrics batch at once with a refusal: that is not a dead collector; one line
+    says metrics are refused (and how to turn them off), and the exit still sends the last spans."""
+    from otlp_receiver import OtlpReceiver
+
+    base_s = run_faulty(tmp_path, "none", None, protocol)[0]
+    with OtlpReceiver(protocol, metrics=False) as jaeger:
+        exit_s, err, _ = run_faulty(tmp_path, "jaeger", jaeger.endpoint, protocol)
+        names = {s.name for s in jaeger.spans}
+        assert jaeger.metric_requests == 0
+    assert {f"phase{i}" for i in range(40)} | {"left.open"} <= names, sorted(names)
+    said = [line for line in err.splitlines() if line.strip()]
+    assert len(said) == 1 and said[0].startswith(f"sglang-phasetrace: OTLP metrics export to {jaeger.endpoint} refused")
+    assert "SGLANG_PHASETRACE_METRICS=0" in said[0]
+    assert exit_s - base_s < 1.0
 
 
 @requires_sglang

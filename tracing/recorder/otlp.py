@@ -57,8 +57,9 @@ EXIT_S = 1.0
 
 
 class Export:
-    """One export of ours in flight: when it began, and whether the SDK complained during it (a
-    retry, a failure: the collector refused, or did not answer in time)."""
+    """One export of ours in flight: when it began, and whether the SDK retried it (a warning: the
+    collector refused the connection, went away, or did not answer in time; a batch the collector
+    answered with a refusal is an error, not retried)."""
 
     __slots__ = ("complained", "since")
 
@@ -71,16 +72,16 @@ _ours = threading.local()
 
 
 class _QuietWhileOurs(logging.Filter):
-    """Drop the SDK's records emitted from inside our own export (ours say it once), noting that it
-    complained; SGLang's exporter logs as before."""
+    """Drop the SDK's records emitted from inside our own export (ours say it once), noting a retry;
+    SGLang's exporter logs as before."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         export = getattr(_ours, "export", None)
         if export is None:
             return True
-        if record.levelno >= logging.WARNING:
+        if record.levelno == logging.WARNING:  # a retry: not waited for from now on (until a batch gets through)
             export.complained = True
-            collector().answering = False  # not waited for from now on (until a batch gets through)
+            collector().answering = False
         return False
 
 
