@@ -467,6 +467,29 @@ def test_a_disk_full_mid_run_keeps_records_whole_and_loses_no_end(
         runtime.current().journal.close()
 
 
+def test_status_says_what_a_full_disk_kept_out_of_each_journal(tmp_path: Path, capsys) -> None:
+    """Each process's status file says what its journal lacks (``journal_unwritten``): ``status``
+    names it, held while the process runs, lost once it is gone; and journals with no record yet."""
+    from sglang_phasetrace.tracing.reader.missing import missing
+
+    run = tmp_path / "run"
+    build_run(run)
+    status = run / "status" / "node0-2000.json"
+    beat = json.loads(status.read_text())
+    trouble = {"error": "[Errno 28] No space left on device", "since": time.time_ns(), "held": 31, "dropped": 2}
+    status.write_text(json.dumps({**beat, "journal_unwritten": trouble}))
+    (run / "journal" / "node0-3000.jsonl").write_bytes(b"")
+    view = load_run(run)
+    held, empty = missing(view)
+    assert held.startswith("tp0: its journal lacks 31 records since ")
+    assert "([Errno 28] No space left on device)" in held
+    assert held.endswith(", 2 more dropped: held in its memory while it runs")
+    assert empty.startswith("node0-3000.jsonl: no record written yet")
+    assert missing(view, {("node0", 2000): False})[0].endswith("lost: it ended before they could be written")
+    main(["status", str(run), "--once", "--json"])
+    assert json.loads(capsys.readouterr().out)["missing"] == [held, empty]
+
+
 class CutShort:
     """``files.write_all`` on a disk that fills up mid-record: part of it written, then ENOSPC."""
 
