@@ -49,6 +49,7 @@ class Sample:
     ready_s: float
     exit_s: float
     tail_s: float  # "engine stopped" -> process exit
+    cpu_s: float  # user + system CPU of the launch's processes (a busy neighbour stretches wall time, not this)
     said: int  # lines of ours about the collector, at most one per process expected
     processes: int
     ended: int  # phases ended in all journals
@@ -82,9 +83,10 @@ def one_start(model: str, env: dict[str, str], timeout: float = 400) -> Sample:
                 ready = time.perf_counter()
             elif line.startswith("engine stopped"):
                 stopped = time.perf_counter()
-        code = proc.wait(timeout=timeout)
+        err = proc.stderr.read()  # until the launch's processes close it
+        _, status, usage = os.wait4(proc.pid, 0)  # its CPU and its reaped children's (the ranks)
         end = time.perf_counter()
-        err = proc.stderr.read()
+        proc.returncode = code = os.waitstatus_to_exitcode(status)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -97,6 +99,7 @@ def one_start(model: str, env: dict[str, str], timeout: float = 400) -> Sample:
         ready_s=ready - start,
         exit_s=end - start,
         tail_s=end - stopped,
+        cpu_s=usage.ru_utime + usage.ru_stime,
         said=sum(1 for line in err.splitlines() if OURS.search(line)),
         processes=len(shown),
         ended=sum(1 for s in spans if s.status == "ok"),
@@ -131,7 +134,8 @@ def main() -> int:
                 samples[fault, protocol].append(sample)
                 print(
                     f"  round {i} {protocol or '-':<13} {fault:<15} ready {sample.ready_s:6.2f} s  exit "
-                    f"{sample.exit_s:6.2f} s  (tail {sample.tail_s:4.2f} s)  said {sample.said}/{sample.processes}  "
+                    f"{sample.exit_s:6.2f} s  (tail {sample.tail_s:4.2f} s)  cpu {sample.cpu_s:5.1f} s  "
+                    f"said {sample.said}/{sample.processes}  "
                     f"phases {sample.ended} ok / {sample.open} open  exit code {sample.code}",
                     flush=True,
                 )
@@ -139,22 +143,27 @@ def main() -> int:
     ready0 = statistics.median(s.ready_s for s in base)
     exit0 = statistics.median(s.exit_s for s in base)
     tail0 = statistics.median(s.tail_s for s in base)
+    cpu0 = statistics.median(s.cpu_s for s in base)
     ended0 = max(s.ended for s in base)
     print(f"\nsglang.Engine tp=2 on CPU, start + one request + shutdown, {args.rounds} rounds, medians")
+    print("  (tail: 'engine stopped' -> exit; cpu: user + system of the launch's processes, as a ratio;")
+    print("   said: lines of ours about the collector / processes, the worst run)")
     print(
         f"  {'protocol':<13} {'collector':<15} {'ready s':>8} {'ratio':>6} {'exit s':>8} {'ratio':>6} "
-        f"{'tail s':>7} {'+tail s':>7}  {'said':>9}  journal"
+        f"{'tail s':>7} {'+tail s':>7} {'cpu':>6}  {'said':>9}  journal"
     )
     for fault, protocol in setups:
         runs = samples[fault, protocol]
         ready = statistics.median(s.ready_s for s in runs)
         leave = statistics.median(s.exit_s for s in runs)
         tail = statistics.median(s.tail_s for s in runs)
+        cpu = statistics.median(s.cpu_s for s in runs)
         said = max(runs, key=lambda s: s.said / s.processes)
         whole = all(s.ended >= ended0 and s.open == 0 and s.code == 0 for s in runs)
         print(
             f"  {protocol or '-':<13} {fault:<15} {ready:8.2f} {ready / ready0:6.3f} {leave:8.2f} "
-            f"{leave / exit0:6.3f} {tail:7.2f} {tail - tail0:+7.2f}  {f'{said.said}/{said.processes}':>9}  "
+            f"{leave / exit0:6.3f} {tail:7.2f} {tail - tail0:+7.2f} {cpu / cpu0:6.3f}  "
+            f"{f'{said.said}/{said.processes}':>9}  "
             f"{'whole' if whole else 'INCOMPLETE'}"
         )
     return 0
