@@ -395,8 +395,8 @@ def _exporter(pid: int) -> Any:
             known = otlp.collector()
             if result is MetricExportResult.SUCCESS:
                 known.answered(True, endpoint)
-            elif error is None and not export.complained and time.monotonic() - export.since < known.SLOW_S:
-                refused()  # it answered at once, without a retry: it takes no metrics; spans are not its concern
+            elif export.refused and not export.complained:
+                refused()  # it is there and takes no metrics (Jaeger): spans are not its concern
             else:  # it does not answer (or not in time): one line of this process, spans' and metrics' alike
                 known.answered(False, endpoint)
                 known.failed(endpoint, f" ({type(error).__name__})" if error is not None else "", "metrics")

@@ -57,23 +57,36 @@ EXIT_S = 1.0
 
 
 class Export:
-    """One export of ours in flight: when it began, and whether the SDK retried it (a warning: the
-    collector refused the connection, went away, or did not answer in time; a batch the collector
-    answered with a refusal is an error, not retried)."""
+    """One export of ours in flight: when it began, whether the SDK retried it (a warning: the
+    collector refused the connection, went away, or did not answer in time), and whether the
+    collector answered it with a refusal (the SDK's error names an HTTP 4xx status or a gRPC code
+    such as UNIMPLEMENTED: it is there, and does not take this signal, as Jaeger for metrics)."""
 
-    __slots__ = ("complained", "since")
+    __slots__ = ("complained", "refused", "since")
 
     def __init__(self) -> None:
         self.since = time.monotonic()
         self.complained = False
+        self.refused = False
+
+
+# gRPC codes a collector that is up answers with when it does not take a batch
+_REFUSALS = frozenset({"UNIMPLEMENTED", "NOT_FOUND", "PERMISSION_DENIED", "UNAUTHENTICATED", "INVALID_ARGUMENT"})
+
+
+def _a_refusal(value: Any) -> bool:
+    """An HTTP status 4xx (an int among the SDK's log arguments) or a gRPC status code of ``_REFUSALS``."""
+    if type(value) is int:
+        return 400 <= value < 500
+    return getattr(value, "name", None) in _REFUSALS
 
 
 _ours = threading.local()
 
 
 class _QuietWhileOurs(logging.Filter):
-    """Drop the SDK's records emitted from inside our own export (ours say it once), noting a retry;
-    SGLang's exporter logs as before."""
+    """Drop the SDK's records emitted from inside our own export (ours say it once), noting a retry
+    or a refusal; SGLang's exporter logs as before."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         export = getattr(_ours, "export", None)
@@ -82,6 +95,8 @@ class _QuietWhileOurs(logging.Filter):
         if record.levelno == logging.WARNING:  # a retry: not waited for from now on (until a batch gets through)
             export.complained = True
             collector().answering = False
+        elif record.levelno >= logging.ERROR and isinstance(record.args, tuple):
+            export.refused = export.refused or any(_a_refusal(arg) for arg in record.args)
         return False
 
 
