@@ -59,7 +59,9 @@ def main() -> int:
             out = engine.generate("Hello", {"max_new_tokens": 4, "temperature": 0})
             print(f"generated {out['meta_info']['completion_tokens']} tokens", flush=True)
     finally:
+        tic = time.perf_counter()
         engine.shutdown()
+        print(f"engine stopped in {time.perf_counter() - tic:.1f} s", flush=True)
     return 0
 
 

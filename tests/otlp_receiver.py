@@ -9,14 +9,21 @@ collector or Jaeger does, and keep what arrived as plain :class:`ReceivedSpan` r
                "OTEL_EXPORTER_OTLP_PROTOCOL": receiver.protocol}
         ...
         receiver.wait_for_spans(span_ids, timeout=20)
+
+Collectors that fail, as a user meets them (``faulty``): one that accepts connections and never
+answers (a half-dead collector, a firewall that drops after the handshake), one that refuses them,
+one that answers every request late, and one that dies after its first batch of spans.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import socket
 import threading
 import time
 import zlib
+from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,6 +35,8 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.common.v1 import common_pb2
 
 PROTOCOLS = ("grpc", "http/protobuf")
+FAULTS = ("never answers", "refuses", "answers slowly", "dies mid-start")
+SLOW_S = 3.0  # how late "answers slowly" answers: past every bound of ours, within OTLP's 10 s timeout
 
 
 @dataclass
@@ -59,10 +68,18 @@ def attributes(items: Any) -> dict[str, Any]:
 class OtlpReceiver:
     """One receiver on 127.0.0.1 (a free port); thread-safe record of every exported span."""
 
-    def __init__(self, protocol: str = "grpc") -> None:
+    def __init__(
+        self, protocol: str = "grpc", delay_s: float = 0.0, answers: int | None = None, metrics: bool = True
+    ) -> None:
+        """``delay_s``: every request is answered that late; ``answers``: after answering that many
+        trace requests, the receiver stops (its port closed: later connections are refused);
+        ``metrics=False``: traces only, as Jaeger (HTTP 404, gRPC UNIMPLEMENTED for metrics)."""
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol {protocol!r} not in {PROTOCOLS}")
         self.protocol = protocol
+        self.delay_s = delay_s
+        self.answers = answers
+        self.metrics = metrics
         self.port = 0
         self.requests = 0
         self.metric_requests = 0
@@ -89,10 +106,15 @@ class OtlpReceiver:
                             resource=resource,
                         )
                     )
+        if self.delay_s:
+            time.sleep(self.delay_s)
         with self._changed:
             self.requests += 1
             self._spans.extend(received)
             self._changed.notify_all()
+            last = self.answers is not None and self.requests >= self.answers
+        if last:  # dies once this answer is on its way
+            threading.Thread(target=self.stop, kwargs={"after_s": 0.2}, daemon=True).start()
 
     @property
     def spans(self) -> list[ReceivedSpan]:
@@ -135,12 +157,15 @@ class OtlpReceiver:
 
         class MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
             def Export(self, request, context):
+                if receiver.delay_s:
+                    time.sleep(receiver.delay_s)
                 receiver.metric_requests += 1
                 return metrics_service_pb2.ExportMetricsServiceResponse()
 
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Servicer(), server)
-        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(MetricsServicer(), server)
+        if self.metrics:
+            metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(MetricsServicer(), server)
         self.port = server.add_insecure_port("127.0.0.1:0")
         server.start()
         self._server = server
@@ -151,7 +176,7 @@ class OtlpReceiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 path = self.path.split("?")[0]
-                if path not in ("/v1/traces", "/v1/metrics"):
+                if path not in ("/v1/traces", "/v1/metrics") or (path == "/v1/metrics" and not receiver.metrics):
                     self.send_error(404)
                     return
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -164,6 +189,8 @@ class OtlpReceiver:
                     self.send_error(415, "only application/x-protobuf is served here")
                     return
                 if path == "/v1/metrics":
+                    if receiver.delay_s:
+                        time.sleep(receiver.delay_s)
                     receiver.metric_requests += 1
                     reply = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
                 else:
@@ -171,11 +198,12 @@ class OtlpReceiver:
                     request.ParseFromString(body)
                     receiver.accept(request)
                     reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
+                with contextlib.suppress(ConnectionError):  # a late answer its exporter gave up on
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/x-protobuf")
+                    self.send_header("Content-Length", str(len(reply)))
+                    self.end_headers()
+                    self.wfile.write(reply)
 
             def log_message(self, format: str, *args: Any) -> None:  # quiet
                 pass
@@ -186,7 +214,8 @@ class OtlpReceiver:
         threading.Thread(target=server.serve_forever, name="otlp-http", daemon=True).start()
         self._server = server
 
-    def stop(self) -> None:
+    def stop(self, after_s: float = 0.0) -> None:
+        time.sleep(after_s)
         server, self._server = self._server, None
         if server is None:
             return
@@ -201,3 +230,50 @@ class OtlpReceiver:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def never_answers() -> Iterator[str]:
+    """An endpoint that accepts every connection and never answers on it (nor closes it)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(server.accept()[0])
+
+    threading.Thread(target=accept, name="otlp-silent", daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+
+
+@contextlib.contextmanager
+def refuses() -> Iterator[str]:
+    """An endpoint whose connections are refused: its port bound (no one else takes it), not listening."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+@contextlib.contextmanager
+def faulty(fault: str, protocol: str) -> Iterator[str]:
+    """The endpoint of a collector failing as ``fault`` (one of ``FAULTS``) says, for ``protocol``."""
+    if fault == "never answers":
+        with never_answers() as endpoint:
+            yield endpoint
+    elif fault == "refuses":
+        with refuses() as endpoint:
+            yield endpoint
+    elif fault in ("answers slowly", "dies mid-start"):
+        slow = fault == "answers slowly"
+        with OtlpReceiver(protocol, delay_s=SLOW_S if slow else 0.0, answers=None if slow else 1) as receiver:
+            yield receiver.endpoint
+    else:
+        raise ValueError(f"fault {fault!r} not in {FAULTS}")

@@ -363,19 +363,16 @@ def test_a_second_users_directory_at_our_private_name_is_refused_with_one_warnin
 # -- unwritable or full: one warning, tracing off, nothing leaked -------------------------------------
 
 
-@pytest.fixture(params=["read-only", "a file", "full"])
+@pytest.fixture(params=["read-only", "a file"])
 def unwritable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Path, str]]:
-    """A run directory path that cannot be written, and the reason the warning must give."""
+    """A run directory path that cannot be written, and the reason the warning must give (a full
+    disk will take records again: ``test_a_disk_full_from_the_start_...``)."""
     if request.param == "a file":
         (tmp_path / "run").write_text("not a directory\n")
         yield tmp_path / "run", "[Errno 20] Not a directory"
-    elif request.param == "read-only":
+    else:
         with tmpfs(tmp_path / "ro", ro=True) as mnt:
             yield mnt / "run", "[Errno 30] Read-only file system"
-    else:
-        with tmpfs(tmp_path / "full") as mnt:
-            fill(mnt)
-            yield mnt / "run", "[Errno 28] No space left on device"
 
 
 def test_an_unwritable_run_directory_says_so_once_and_leaks_nothing(
@@ -396,8 +393,35 @@ def test_an_unwritable_run_directory_says_so_once_and_leaks_nothing(
     with pytest.raises(runtime.TracingOff):  # sticky: not retried at every phase
         rt.start()
     assert spent < 5
-    if run_dir.is_dir():  # full: directories made, but no empty journal left behind
-        assert list((run_dir / "journal").iterdir()) == []
+
+
+def test_a_disk_full_from_the_start_holds_every_record_and_writes_them_once_there_is_room(
+    trace_run_dir: Path, tmp_path: Path, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not even the first record fits: the journal is kept, empty (readers pass it over), tracing
+    goes on, and every record is written, in order, once the disk has room; one warning."""
+    with tmpfs(tmp_path / "full") as mnt:
+        filler = fill(mnt)
+        run_dir = mnt / "run"
+        monkeypatch.setenv("SGLANG_PHASETRACE_RUN_DIR", str(run_dir))
+        t0 = time.perf_counter()
+        assert all(run_phases())
+        assert time.perf_counter() - t0 < 5
+        (warning,) = warnings_of(caplog)
+        assert warning.startswith(f"sglang-phasetrace: cannot write {run_dir}/journal/")
+        assert ": [Errno 28] No space left on device; records are held back" in warning
+        path = runtime.current().journal.path
+        assert path.stat().st_size == 0 and load_run(run_dir).processes == []
+        filler.unlink()
+        beat = heartbeat.current()
+        beat.beat()  # room again: what was held back is written, then a note of the gap
+        records, problems = read_journal(path)
+        assert problems == [] and records[0]["kind"] == "process"
+        (proc,) = load_run(run_dir).processes
+        ended = [s for s in proc.spans.values() if s.phase.startswith("phase.") and s.status == "ok"]
+        assert len(ended) == PHASES and any("written late, 0 dropped" in w for w in proc.warnings)
+        assert len(warnings_of(caplog)) == 1
+        runtime.current().journal.close()
 
 
 # -- a full disk mid-run: whole records, nothing a reader misreads ----------------------------------
@@ -424,6 +448,8 @@ def test_a_disk_full_mid_run_keeps_records_whole_and_loses_no_end(
         path = runtime.current().journal.path
         beat.beat()  # still full: nothing written, nothing said again
         assert len(warnings_of(caplog)) == 1
+        unwritten = json.loads(beat.status_path.read_text())["journal_unwritten"]  # rewritten in place
+        assert unwritten["held"] > 0 and unwritten["error"] == "[Errno 28] No space left on device"
         filler.unlink()
         beat.beat()  # room again: what was held back is written, then a note of the gap
         assert read_journal(path)[1] == []
@@ -439,6 +465,29 @@ def test_a_disk_full_mid_run_keeps_records_whole_and_loses_no_end(
         assert "journal_unwritten" not in status
         assert len(warnings_of(caplog)) == 1
         runtime.current().journal.close()
+
+
+def test_status_says_what_a_full_disk_kept_out_of_each_journal(tmp_path: Path, capsys) -> None:
+    """Each process's status file says what its journal lacks (``journal_unwritten``): ``status``
+    names it, held while the process runs, lost once it is gone; and journals with no record yet."""
+    from sglang_phasetrace.tracing.reader.missing import missing
+
+    run = tmp_path / "run"
+    build_run(run)
+    status = run / "status" / "node0-2000.json"
+    beat = json.loads(status.read_text())
+    trouble = {"error": "[Errno 28] No space left on device", "since": time.time_ns(), "held": 31, "dropped": 2}
+    status.write_text(json.dumps({**beat, "journal_unwritten": trouble}))
+    (run / "journal" / "node0-3000.jsonl").write_bytes(b"")
+    view = load_run(run)
+    held, empty = missing(view)
+    assert held.startswith("tp0: its journal lacks 31 records since ")
+    assert "([Errno 28] No space left on device)" in held
+    assert held.endswith(", 2 more dropped: held in its memory while it runs")
+    assert empty.startswith("node0-3000.jsonl: no record written yet")
+    assert missing(view, {("node0", 2000): False})[0].endswith("lost: it ended before they could be written")
+    main(["status", str(run), "--once", "--json"])
+    assert json.loads(capsys.readouterr().out)["missing"] == [held, empty]
 
 
 class CutShort:

@@ -2,12 +2,13 @@
 followed, nothing created where another user could swap it out from under us.
 
 The journal holds server arguments, exception text and stacks, and the run directory's base may be
-a shared directory: every file we create goes through here. Stdlib only (and ``process_state``, itself stdlib only),
-so every part of the package, the CLI included, can use it.
+a shared directory: every file we create goes through here. Stdlib only (and ``keys`` and
+``process_state``, themselves stdlib only), so every part of the package, the CLI included, can use it.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import secrets
@@ -15,7 +16,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from . import process_state
+from . import keys, process_state
 
 _DIR_MODE, _FILE_MODE = 0o700, 0o600
 _O_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -201,11 +202,54 @@ def pwrite_all(fd: int, data: bytes, offset: int) -> None:
 
 def say_once(path: Path, exc: OSError, consequence: str) -> None:
     """``cannot write PATH: [Errno N] reason; consequence``, once per process and reason: a full
-    disk fails the journal and the status file alike, and that is one problem."""
-    if process_state.say_once(("files", exc.errno)):
-        logging.getLogger("sglang_phasetrace").warning(
-            "sglang-phasetrace: cannot write %s: [Errno %s] %s; %s", path, exc.errno, exc.strerror, consequence
+    disk fails the journal, the status file and the history alike, and that is one problem.
+
+    One problem of a launch's run directory is one line for the launch, said by its launcher: a
+    process a traced launcher started leaves it unsaid there (``launcher_speaks``), since the
+    launcher meets it too (its status file, replaced every beat, needs a fresh block of the same
+    filesystem) and says it for all of them. What each process could not write is in its status
+    file (``journal_unwritten``), which ``phasetrace status`` shows."""
+    run_dir = os.environ.get(keys.ENV_RUN_DIR) or ""
+    ours = bool(run_dir) and os.path.abspath(path).startswith(os.path.join(os.path.abspath(run_dir), ""))
+    if (ours and launcher_speaks()) or not process_state.say_once(("files", exc.errno)):
+        return
+    if ours and os.environ.get(keys.ENV_LAUNCHER) == str(os.getpid()):
+        consequence = (  # not this file's alone: the launch's
+            "every process of this launch meets it (said here once for all): each holds the journal records "
+            f"that do not fit in memory and writes them once it can; `phasetrace status {run_dir}` says what is missing"
         )
+    logging.getLogger("sglang_phasetrace").warning(
+        "sglang-phasetrace: cannot write %s: [Errno %s] %s; %s", path, exc.errno, exc.strerror, consequence
+    )
+
+
+def launcher_speaks() -> bool:
+    """This process was started by a traced launcher that is still alive (``keys.ENV_LAUNCHER``):
+    that launcher says the problems of their run directory once for the launch. One ``kill(pid, 0)``."""
+    launcher = os.environ.get(keys.ENV_LAUNCHER, "")
+    if not launcher.isdigit() or int(launcher) == os.getpid():
+        return False
+    try:
+        os.kill(int(launcher), 0)
+    except PermissionError:
+        return True
+    except (OSError, OverflowError):
+        return False
+    return True
+
+
+def rewrite(path: Path, data: bytes) -> None:
+    """Rewrite the existing file ``path`` in place (never through a link): its blocks reused, none
+    new needed, where ``write_atomic`` cannot make a file beside it (a full disk). A reader may
+    catch it half-written, once: for the status file, better than one frozen since the disk filled."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: Path, data: bytes) -> None:

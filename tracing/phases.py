@@ -216,7 +216,7 @@ class Handle:
             return
         self.span.end(exc)
         if exc is not None and owns_root:  # the process failed: it is about to be torn down
-            otlp.flush(rt.provider, 2.0)
+            otlp.flush(rt.provider)
         if exc is None and kind == "ready" and report.ready:
             _ready(rt)
         elif kind == "ready" and rt.root is not None:

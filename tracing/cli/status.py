@@ -14,6 +14,7 @@ from rich.console import Group
 from rich.live import Live
 
 from ..reader.load import refresh_parallel
+from ..reader.missing import missing
 from ..reader.view import RunView
 from ..render.lanes import layout
 from ..render.status_table import StatusRow, status_rows, status_table, verdict_lines
@@ -49,9 +50,10 @@ class Status:
     description = f"""\
 Show where every process of a run is: its current phase and for how long, the age of its last
 heartbeat, progress, CPU/memory/GPU figures when the heartbeat carries them, and a stall
-verdict (the watchdog's diagnosis, else a fresh analysis). On a terminal it refreshes until every
-rank is ready or has stopped; --once, or an output that is not a terminal, prints one frame.
-Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one failed, so scripts can poll it:
+verdict (the watchdog's diagnosis, else a fresh analysis); below, what the run's files lack (the
+records a full disk kept out of each journal: still held, or lost). On a terminal it refreshes
+until every rank is ready or has stopped; --once, or an output that is not a terminal, prints one
+frame. Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one failed, so scripts can poll it:
 
   phasetrace status RUN_DIR --once || echo "startup is in trouble"
   phasetrace status RUN_DIR --once --json | jq '.ranks[] | select(.state != "ready")'
@@ -98,9 +100,11 @@ Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one failed, s
         report_problems(view, said)  # the journals' and the status files' (read by the rows)
         unnamed = [f for f in found if f.pid not in {r.pid for r in rows if r.verdict}]
         extra = [text(f"{f.kind}: {f.message}", style="red") for f in unnamed]
+        self.missing = missing(view, alive)  # records a full disk kept out of the journals
+        lacking = [text(f"missing: {line}", style="yellow") for line in self.missing]
         table = status_table(rows, f"{view.run_id}  ({len(rows)} processes)")
         history = [text(self.outlook["line"])] if self.outlook else []
-        return rows, found, Group(table, *verdict_lines(rows), *extra, *history)
+        return rows, found, Group(table, *verdict_lines(rows), *extra, *lacking, *history)
 
     def run(self, args: argparse.Namespace) -> int:
         view = RunView(*(check_run_dir(path) for path in args.run_dirs))
@@ -127,6 +131,7 @@ Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one failed, s
                             "exit_code": exit_code(rows, found),
                             "ranks": [r.to_json() for r in rows],
                             "findings": [dataclasses.asdict(f) for f in found],
+                            "missing": self.missing,
                             "history": self.outlook or None,
                         },
                         indent=1,

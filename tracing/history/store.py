@@ -31,6 +31,7 @@ database 0600 (SQLite gives its -wal and -shm files the database's mode), a link
 from __future__ import annotations
 
 import array
+import errno
 import json
 import logging
 import math
@@ -372,7 +373,8 @@ def _warn(exc: HistoryError, consequence: str) -> None:
     """One warning per process and kind of problem, whether reading or writing met it first: a
     corrupt database is said once, not once by the watchdog and again as the start is recorded.
     Where it cannot be used at all (corrupt, newer, unsafe), the warning says both consequences."""
-    if process_state.say_once(("history", exc.kind)):
+    # a full disk is one problem with the run directory's (likely the same disk): one line (``files.say_once``)
+    if process_state.say_once(("files", errno.ENOSPC) if exc.kind == "full" else ("history", exc.kind)):
         if exc.kind in ("corrupt", "newer", "unsafe"):
             consequence = "not used by this process (no usual times, no start recorded)"
         log.warning("sglang-phasetrace: %s", redact_text(f"history: {exc}; {consequence}"))

@@ -1,8 +1,8 @@
 """OTLP export to Jaeger (or any collector), configured only by the standard OTEL_* variables.
 
 Batch export in its own thread: a span ending never waits on the network. Flushed without
-blocking at rank ready, and with a short bound at exit and on SIGTERM/SIGINT/SIGQUIT, cut shorter
-still once the collector shows it is not answering: a dead collector never slows SGLang.
+blocking at ready, and at exit with the metrics under one short bound (``otlp.EXIT_S``), cut
+shorter still once the collector shows it is not answering: a dead collector never slows SGLang.
 """
 
 from __future__ import annotations
@@ -133,17 +133,20 @@ class Watched(SpanExporter):
     def __init__(self, inner: SpanExporter, endpoint: str = "") -> None:
         self.inner = inner
         self.endpoint = endpoint
+        known = otlp.collector()
+        known.spans, known.endpoint = True, endpoint or known.endpoint
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         result, error = SpanExportResult.FAILURE, None
-        with otlp.exporting() as known:
+        with otlp.exporting():
             try:
                 result = self.inner.export(spans)
             except Exception as exc:
                 error = exc
-        known.answering = result is SpanExportResult.SUCCESS
+        known = otlp.collector()
+        known.answered(result is SpanExportResult.SUCCESS, self.endpoint)
         if result is not SpanExportResult.SUCCESS:
-            known.failed_once(self.endpoint, error)
+            known.failed(self.endpoint, f" ({type(error).__name__})" if error is not None else "")
         return result
 
     def shutdown(self) -> None:

@@ -12,6 +12,7 @@ its journal until its launch serves, and looks once a beat whether it does.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import threading
@@ -101,11 +102,24 @@ class Heartbeat:
             if not self.status_dir_ok:
                 files.private_dir(self.status_path.parent)  # a link or another user's: raised, said once
                 self.status_dir_ok = True
-            try:
-                files.write_atomic(self.status_path, json.dumps(record, separators=(",", ":"), default=str).encode())
-            except OSError as exc:  # a full or read-only disk: said once per process; beats go on
-                files.say_once(self.status_path, exc, "the status file stays stale until it can be")
+            self.write_status(json.dumps(record, separators=(",", ":"), default=str).encode())
             metrics.observe(self.rt, record)  # kept for the OTLP metrics' next collection (when exported)
+
+    def write_status(self, data: bytes) -> None:
+        """Replace the status file; on a full disk, rewrite it in place (no new block needed), so that
+        it still says what this process could not write to its journal (``journal_unwritten``). A
+        failure is said once per process (by the launcher for its launch: ``files.say_once``)."""
+        try:
+            files.write_atomic(self.status_path, data)
+        except OSError as exc:  # a full or read-only disk; beats go on
+            consequence = "the status file stays stale until it can be"
+            if exc.errno == errno.ENOSPC:
+                try:
+                    files.rewrite(self.status_path, data)
+                    consequence = "records that do not fit are held in memory until they do"
+                except OSError:
+                    pass
+            files.say_once(self.status_path, exc, consequence)
 
     def run(self) -> None:
         while True:

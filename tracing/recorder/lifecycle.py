@@ -1,5 +1,7 @@
 """Process lifecycle: at a normal exit, end open phases as *incomplete* and flush, bounded: the
-journal waits one write bound at most in all (``JournalWriter.hurry``), the exporters ``timeout_s``.
+journal waits one write bound at most in all (``JournalWriter.hurry``); the spans and the metrics
+go out together, waited for ``otlp.EXIT_S`` at most, and not at all once the collector is seen not
+to answer (``otlp.flush``).
 
 No signal handlers, by design. A Python-level handler runs only when the main thread re-enters
 the interpreter, which a rank blocked in gloo/NCCL/CUDA never does: with one installed, ``kill``,
@@ -16,7 +18,7 @@ import atexit
 import logging
 
 from .. import process_state
-from . import otlp, runtime
+from . import metrics, otlp, runtime
 
 log = logging.getLogger("sglang_phasetrace")
 
@@ -28,12 +30,12 @@ def end_open_phases(rt: runtime.Runtime, reason: str) -> int:
     return len(spans)
 
 
-def shutdown(rt: runtime.Runtime, reason: str, timeout_s: float = 2.0) -> None:
+def shutdown(rt: runtime.Runtime, reason: str, timeout_s: float = otlp.EXIT_S) -> None:
     try:
         if rt.journal is not None:  # a disk that stopped answering holds the exit one write bound at most
             rt.journal.hurry()
         end_open_phases(rt, reason)
-        otlp.flush(rt.provider, timeout_s)
+        otlp.flush(rt.provider, metrics.provider(), timeout_s=timeout_s)
     except Exception:
         log.debug("sglang-phasetrace: shutdown failed", exc_info=True)
 

@@ -5,7 +5,7 @@ that never finishes still shows, per rank, its phase, time in it, progress and r
 alert can fire on the watchdog's stalled flag. ``observe`` keeps the latest heartbeat (one store, on
 the heartbeat thread); observable instruments read it when the SDK's periodic reader collects, in
 the reader's own thread, which also sends. A collector that does not answer costs that thread only,
-and the exit flush is bounded (``otlp.flush``).
+and the exit flush is bounded, with the spans' (``otlp.flush``).
 
 Off, with nothing imported and no thread, when no OTLP metrics endpoint is set, when
 ``OTEL_METRICS_EXPORTER=none``, or when ``SGLANG_PHASETRACE_METRICS=0``.
@@ -188,7 +188,7 @@ class Metrics:
                     old, self.provider, self.built = self.provider, self._provider(label), label
                     if old is not None:  # its last collection says nothing: its label is not the current one
                         threading.Thread(target=old.shutdown, args=(1000,), daemon=True).start()
-            if not self.exit_hook:
+            if not self.exit_hook:  # a traced process flushes them at exit with its spans (``lifecycle``)
                 self.exit_hook = True
                 atexit.register(self.flush)
         except Exception as exc:
@@ -336,11 +336,21 @@ class Metrics:
         return points
 
     # -- exit ---------------------------------------------------------------------------------------
-    def flush(self, timeout_s: float = 1.0) -> None:
-        """One last collection and send, bounded, and shorter still when the collector is known not to
-        answer (``otlp.flush``); never in a forked child, nor once replaced (``process_state.reset``)."""
-        if self.provider is not None and os.getpid() == self.pid and process_state.STATE.metrics is self:
-            otlp.flush(self.provider, timeout_s)
+    def flush(self, timeout_s: float = otlp.EXIT_S) -> None:
+        """One last collection and send, bounded (``otlp.flush``), in a process whose exit does not
+        flush already (``phasetrace watch``): a traced process's exit flush (``lifecycle``) sends
+        these with its spans, under one bound."""
+        if not process_state.STATE.exit_hook and process_state.STATE.metrics is self:
+            otlp.flush(provider(), timeout_s=timeout_s)
+
+
+def provider() -> MeterProvider | None:
+    """This process's meter provider, for the exit flush; None when there is none (never a forked
+    child's copy of its parent's, nor one replaced: ``process_state.reset``)."""
+    metrics = process_state.STATE.metrics
+    if metrics and metrics.provider is not None and os.getpid() == metrics.pid:
+        return metrics.provider
+    return None
 
 
 def _cpus() -> int:
@@ -352,15 +362,21 @@ def _cpus() -> int:
 
 def _exporter(pid: int) -> Any:
     """The OTLP metric exporter for the protocol the spans use (``OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL``,
-    default ``http/protobuf``), watched like theirs: one warning per process, the collector's state
-    shared with the span exporter's, SDK retry logs quiet while it is ours, nothing sent from a fork."""
+    default ``http/protobuf``), watched like theirs: one warning per process for spans and metrics (a
+    collector that takes spans and refuses metrics at once, as Jaeger does, is a line of its own),
+    the collector's state shared with the span exporter's, SDK retry logs quiet while it is ours,
+    nothing sent from a fork."""
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
     if otlp.protocol("METRICS") == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     else:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from ..redact import redact_text
+
     endpoint = _env("ENDPOINT")
+    known = otlp.collector()
+    known.endpoint = known.endpoint or endpoint
 
     class Watched(MetricExporter):
         def __init__(self, inner: Any) -> None:
@@ -371,22 +387,19 @@ def _exporter(pid: int) -> Any:
             if os.getpid() != pid:  # the SDK restarts its reader thread in a forked child: not ours to send
                 return MetricExportResult.SUCCESS
             result, error = MetricExportResult.FAILURE, None
-            with otlp.exporting():  # a hang counts; a refusal does not make spans wait less
+            with otlp.exporting() as export:
                 try:
                     result = self.inner.export(metrics_data, timeout_millis=timeout_millis)
                 except Exception as exc:
                     error = exc
-            if result is not MetricExportResult.SUCCESS and process_state.say_once(("metrics", "export")):
-                from ..redact import redact_text
-
-                why = f" ({type(error).__name__})" if error is not None else ""
-                log.warning(
-                    "sglang-phasetrace: OTLP metrics export to %s failed%s; live metrics are missing until it "
-                    "answers (a traces-only collector such as Jaeger? %s=0 turns metrics off)",
-                    redact_text(endpoint),
-                    why,
-                    keys.ENV_METRICS,
-                )
+            known = otlp.collector()
+            if result is MetricExportResult.SUCCESS:
+                known.answered(True, endpoint)
+            elif export.refused and not export.complained:
+                refused()  # it is there and takes no metrics (Jaeger): spans are not its concern
+            else:  # it does not answer (or not in time): one line of this process, spans' and metrics' alike
+                known.answered(False, endpoint)
+                known.failed(endpoint, f" ({type(error).__name__})" if error is not None else "", "metrics")
             return result
 
         def force_flush(self, timeout_millis: float = 10_000) -> bool:
@@ -394,5 +407,12 @@ def _exporter(pid: int) -> Any:
 
         def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
             self.inner.shutdown(timeout_millis=timeout_millis)
+
+    def refused() -> None:
+        if process_state.say_once(("metrics", "refused")):
+            otlp.say(
+                f"OTLP metrics export to {redact_text(endpoint)} refused; live metrics are missing (a traces-only "
+                f"collector such as Jaeger? {keys.ENV_METRICS}=0 turns metrics off)"
+            )
 
     return Watched(OTLPMetricExporter())

@@ -333,28 +333,32 @@ class Runtime:
 
     def _make_journal(self, resource: Resource) -> JournalWriter:
         """The run directory (0700, its base checked before and after: ``files.check_home``), and this
-        process's journal holding its first record: a directory that cannot take one record is not used at all."""
+        process's journal holding its first record: a directory that cannot take one record is not used
+        at all, but for a full disk, which will: there the record is held back like any later one, and
+        written once there is room (the file exists, empty, until then; readers pass it over)."""
         ident, run_dir = self.identity, self.run_dir
         files.check_home(run_dir.parent)
         files.private_dir(run_dir)
         files.check_home(run_dir.parent)  # not swapped for someone else's while we created it
         files.private_dir(run_dir / STATUS_DIR)
         journal = JournalWriter(files.private_dir(run_dir / JOURNAL_DIR) / f"{ident.host}-{ident.pid}.jsonl")
+        first = records.process(
+            time.time_ns(),
+            ident.pid,
+            os.getppid(),
+            ident.host,
+            run_dir.name,
+            self.boot_ns,
+            dict(resource.attributes),
+            start_ticks=other_processes.start_ticks(ident.pid),
+            boot_id=other_processes.boot_id(),
+        )
         try:
-            journal.write_or_raise(
-                records.process(
-                    time.time_ns(),
-                    ident.pid,
-                    os.getppid(),
-                    ident.host,
-                    run_dir.name,
-                    self.boot_ns,
-                    dict(resource.attributes),
-                    start_ticks=other_processes.start_ticks(ident.pid),
-                    boot_id=other_processes.boot_id(),
-                )
-            )
+            journal.write_or_raise(first)
         except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                journal.write(first)  # held back (said once, by the launcher for its launch)
+                return journal
             _discard(journal)  # empty: no half-made process for readers
             raise OSError(exc.errno, exc.strerror, str(journal.path)) from None
         return journal

@@ -290,7 +290,7 @@ class Watchdog:
                     continue
                 for span in incomplete_spans(proc, time.time_ns(), finding.message):
                     self._exporter.on_end(span)
-            otlp.flush(self._exporter, 5.0)  # bounded: a collector that does not answer holds no pass
+            otlp.flush(self._exporter, timeout_s=5.0)  # bounded: a collector that does not answer holds no pass
 
     def _maybe_abort(self, findings: list[Finding]) -> None:
         if self.abort_after is None:
