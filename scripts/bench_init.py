@@ -29,15 +29,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-CPU_ENV = {
-    "SGLANG_USE_CPU_ENGINE": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "SGLANG_CPU_OMP_THREADS_BIND": "0|1",
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from conftest import CPU_ENV, ROOT
 
 
 @contextmanager
