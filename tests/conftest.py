@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 import types
 import uuid
 from dataclasses import dataclass
@@ -145,6 +147,20 @@ def run_program(
         kill_group(proc.pid)
     dirs = run_dirs(base_dir)
     return Ran(proc.returncode, out, err, dirs[-1] if dirs else None)
+
+
+def wait_for_output(path: Path, pattern: str, timeout: float, proc: subprocess.Popen) -> re.Match[str]:
+    """The first match of ``pattern`` in the output file ``path`` of ``proc``, read every 0.5 s until
+    ``timeout`` or until ``proc`` ends; an ``AssertionError`` with the output's tail otherwise."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = re.search(pattern, path.read_text(errors="replace"))
+        if m is not None:
+            return m
+        if proc.poll() is not None:
+            break
+        time.sleep(0.5)
+    raise AssertionError(f"no {pattern!r} in {path.name}:\n{path.read_text(errors='replace')[-5000:]}")
 
 
 def kill_group(pgid: int) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 from bench_launch_processes import silent_peer  # a loopback TCP peer that accepts and never answers
-from conftest import HOOKS, ROOT, free_port, hook_env, kill_group, requires_sglang
+from conftest import HOOKS, ROOT, free_port, hook_env, kill_group, requires_sglang, wait_for_output
 from handmade_runs import NOW, Proc
 from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.reader.load import load_run
@@ -85,15 +85,7 @@ class Launch:
         return [line for line in self.stderr().splitlines() if line.startswith("sglang-phasetrace: ")]
 
     def wait_for(self, pattern: str, timeout: float) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = re.search(pattern, self.stderr())
-            if m is not None:
-                return m
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.5)
-        raise AssertionError(f"no {pattern!r} in the launcher's output:\n{self.stderr()[-5000:]}")
+        return wait_for_output(self.err, pattern, timeout, self.proc)
 
     def process(self, role: str):
         run = load_run(self.run_dir)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import HOOKS, ROOT, hook_env, kill_group, requires_sglang
+from conftest import HOOKS, ROOT, hook_env, kill_group, requires_sglang, wait_for_output
 from sglang_phasetrace.tracing import other_processes as procs
 from sglang_phasetrace.tracing.channel import crossnode, relay
 from sglang_phasetrace.tracing.channel.node_snapshot import Snapshot
@@ -147,15 +147,7 @@ class Launch:
         return self.err.read_text(errors="replace")
 
     def wait_for(self, pattern: str, timeout: float) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = re.search(pattern, self.stderr())
-            if m is not None:
-                return m
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.5)
-        raise AssertionError(f"no {pattern!r} in the launcher's stderr:\n{self.stderr()[-4000:]}")
+        return wait_for_output(self.err, pattern, timeout, self.proc)
 
     def diagnoses(self) -> list[dict]:
         launcher = next((p for p in load_run(self.run_dir).processes if p.role == "launcher"), None)
