@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import free_port, hook_env, requires_sglang
 from sglang_phasetrace.tracing import process_state
-from sglang_phasetrace.tracing.recorder import heartbeat, metrics, spans
+from sglang_phasetrace.tracing.recorder import heartbeat, metrics, otlp, spans
 from sglang_phasetrace.tracing.verdicts.diagnose import Finding, Thresholds
 from sglang_phasetrace.tracing.verdicts.watchdog import Watchdog
 from test_cli_exports import Rotel, rotel_agent
@@ -301,7 +301,10 @@ def test_rotel_decodes_names_units_attributes_and_resource(
     rt = spans.start_phase("model.loader", {"sglang.phase": "model.loader"}).rt
     rt.set_identity(role="rank", tp=1)
     heartbeat.current().beat()  # a beat feeds the process's metrics
-    built(process_state.STATE.metrics).flush(5.0)
+    built(process_state.STATE.metrics)
+    # this process has an exit hook (its phase started one), so ``Metrics.flush`` leaves the send to the exit
+    # flush; send now as that flush does
+    assert otlp.flush(metrics.provider(), timeout_s=5.0)
     points = wait_points(rotel, lambda ps: any(p["name"] == metrics.PHASE_ELAPSED for p in ps), 20)
     by_name = {p["name"]: p for p in points}
     phase = by_name[metrics.PHASE_ELAPSED]
