@@ -24,39 +24,16 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from conftest import CPU_ENV, ROOT, silent_peer
+
 PLANT = ROOT / "tests" / "programs" / "launch_plant.py"
 VERDICT = re.compile(r"sglang-phasetrace: (STALL|DIED|FAILED|NOT STARTED|STOPPED) [^\n]*")
-CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-CPU_ENV |= {"TOKENIZERS_PARALLELISM": "false", "SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
 WORKERS, DP = ("--tokenizer-worker-num", "2"), ("--dp", "2", "--tp", "1")
-
-
-@contextlib.contextmanager
-def silent_peer() -> Iterator[int]:
-    """A loopback TCP peer that accepts and never answers."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                held.append(server.accept()[0])
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield server.getsockname()[1]
-    finally:
-        for conn in held:
-            conn.close()
-        server.close()
 
 
 def _port() -> int:

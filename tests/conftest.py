@@ -6,6 +6,7 @@ Every real-SGLang test starts a fresh interpreter with only ``PYTHONPATH`` point
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -18,6 +19,7 @@ import threading
 import time
 import types
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,6 +171,36 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def end_group(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc``'s process group (its own session) and reap ``proc``, 30 s at most."""
+    kill_group(proc.pid)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def silent_peer() -> Iterator[int]:
+    """A loopback TCP peer that accepts every connection and never answers on it (nor closes it): a
+    dead proxy, a half-dead collector. Yields its port."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(server.accept()[0])
+
+    threading.Thread(target=accept, name="silent-peer", daemon=True).start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import grpc
+from conftest import silent_peer
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1 import common_pb2
@@ -235,23 +236,8 @@ class OtlpReceiver:
 @contextlib.contextmanager
 def never_answers() -> Iterator[str]:
     """An endpoint that accepts every connection and never answers on it (nor closes it)."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(64)
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                held.append(server.accept()[0])
-
-    threading.Thread(target=accept, name="otlp-silent", daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    finally:
-        server.close()
-        for conn in held:
-            conn.close()
+    with silent_peer() as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 @contextlib.contextmanager

@@ -11,20 +11,15 @@ by itself is full before the ranks start or after they are ready, as the machine
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, hook_env, kill_group, read_journal, requires_sglang, run_dirs
+from conftest import kill_group, read_journal, requires_sglang, run_dirs
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.reader.load import load_run
 from test_file_safety import fill, tmpfs
-from test_hot_path import Served
-
-PROGRAM = ROOT / "tests" / "programs" / "serve_engine.py"
-HEARTBEAT_S = 0.5
+from test_hot_path import HEARTBEAT_S, Served  # its engine beats this often
 
 
 def status_json(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> dict:
@@ -47,18 +42,9 @@ def test_a_launch_on_a_full_disk_serves_says_it_once_and_writes_what_it_held_onc
 ) -> None:
     err_path = tmp_path / "engine.err"
     with tmpfs(tmp_path / "runs", size="1m") as base, open(err_path, "w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, str(PROGRAM), str(tiny_model[0]), "--tp", "2"],
-            env=hook_env(base, {"SGLANG_PHASETRACE_HEARTBEAT_S": str(HEARTBEAT_S)}),
-            cwd=tmp_path,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            start_new_session=True,
-        )
+        server = Served.start(tiny_model[0], base, tmp_path, err)
+        proc = server.proc
         try:
-            server = Served(proc, tmp_path)
             # every process of the launch traces (launcher, tp0, tp1, detokenizer): then the disk fills
             run_dir = wait_until(lambda: next(iter(run_dirs(base)), None), 300, "a run directory")
             wait_until(lambda: len(list((run_dir / "status").glob("*.json"))) >= 4, 300, "four status files")

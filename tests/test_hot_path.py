@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 from conftest import ROOT, hook_env, kill_group, requires_sglang, run_dirs
@@ -96,6 +97,22 @@ class Served:
         self.answers: queue.Queue[str] = queue.Queue()
         threading.Thread(target=lambda: [self.answers.put(line) for line in proc.stdout], daemon=True).start()
 
+    @classmethod
+    def start(cls, model: Path, runs: Path, cwd: Path, err: IO[str]) -> Served:
+        """``serve_engine.py`` tp=2 under the hook (run directories in ``runs``), its own process group;
+        its answers on stdout, its log to ``err`` (``cwd/engine.err``, which a missing answer shows)."""
+        proc = subprocess.Popen(
+            [sys.executable, str(PROGRAM), str(model), "--tp", "2"],
+            env=hook_env(runs, {"SGLANG_PHASETRACE_HEARTBEAT_S": str(HEARTBEAT_S)}),
+            cwd=cwd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            start_new_session=True,
+        )
+        return cls(proc, cwd)
+
     def answer(self, timeout: float) -> dict:
         try:
             return json.loads(self.answers.get(timeout=timeout))
@@ -136,18 +153,9 @@ class Served:
 def served(tiny_model: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory):
     base = tmp_path_factory.mktemp("hot-path")
     with open(base / "engine.err", "w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, str(PROGRAM), str(tiny_model[0]), "--tp", "2"],
-            env=hook_env(base, {"SGLANG_PHASETRACE_HEARTBEAT_S": str(HEARTBEAT_S)}),
-            cwd=base,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            start_new_session=True,
-        )
+        server = Served.start(tiny_model[0], base, base, err)
+    proc = server.proc
     try:
-        server = Served(proc, base)
         assert server.answer(timeout=300).get("ready")
         yield server
         proc.stdin.close()  # serve_engine shuts the engine down at end of input

@@ -29,8 +29,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bench_launch_processes import silent_peer  # a loopback TCP peer that accepts and never answers
-from conftest import HOOKS, ROOT, free_port, hook_env, kill_group, requires_sglang, wait_for_output
+from conftest import (
+    HOOKS,
+    ROOT,
+    end_group,
+    free_port,
+    hook_env,
+    kill_group,
+    requires_sglang,
+    silent_peer,
+    wait_for_output,
+)
 from handmade_runs import NOW, Proc
 from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.reader.load import load_run
@@ -103,9 +112,7 @@ class Launch:
         return [d for p in self.process("launcher") for d in p.diagnoses]
 
     def close(self) -> None:
-        kill_group(self.proc.pid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=30)
+        end_group(self.proc)
 
 
 @pytest.fixture

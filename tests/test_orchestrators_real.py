@@ -7,7 +7,6 @@ hook only (``tests/plants``); every process is bounded in time and its process g
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -22,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import HOOKS, PLANTS, ROOT, free_port, hook_env, kill_group, requires_sglang
+from conftest import HOOKS, PLANTS, ROOT, end_group, free_port, hook_env, requires_sglang
 from sglang_phasetrace.tracing.cli import main
 
 
@@ -67,9 +66,7 @@ class Prometheus:
         return json.loads(body)["data"]["result"]
 
     def close(self) -> None:
-        kill_group(self.proc.pid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=30)
+        end_group(self.proc)
 
 
 class Server:
@@ -109,9 +106,7 @@ class Server:
         return code, json.loads(out)
 
     def close(self) -> None:
-        kill_group(self.proc.pid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=30)
+        end_group(self.proc)
 
 
 @pytest.fixture

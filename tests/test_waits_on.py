@@ -30,7 +30,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import HOOKS, ROOT, hook_env, kill_group, requires_sglang, wait_for_output
+from conftest import HOOKS, ROOT, end_group, hook_env, kill_group, requires_sglang, wait_for_output
 from sglang_phasetrace.tracing import other_processes as procs
 from sglang_phasetrace.tracing.channel import crossnode, relay
 from sglang_phasetrace.tracing.channel.node_snapshot import Snapshot
@@ -154,9 +154,7 @@ class Launch:
         return launcher.diagnoses if launcher is not None else []
 
     def close(self) -> None:
-        kill_group(self.proc.pid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=30)
+        end_group(self.proc)
 
 
 @pytest.fixture

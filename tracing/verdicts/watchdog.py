@@ -140,15 +140,16 @@ class Watchdog:
             return new
 
     def publish(self, found: list[Finding], now_ns: int) -> None:
-        """The start's state from this pass (``verdicts.startup``): kept for the endpoint and, for a
-        launcher, written to the run's state file for ``phasetrace probe``. Never raises."""
+        """A launcher's: the start's state from this pass (``verdicts.startup``), kept for its endpoint
+        and written to the run's state file for ``phasetrace probe``. Never raises."""
+        if not self.publishes:  # ``phasetrace watch``, a test: nobody reads it
+            return
         try:
             outlook = usual.outlook(self.run, now_ns, usual.known(self.run))
             here = other_processes.this_host()
             alive = {p.pid: running(p) for p in self.run.processes if p.role == "launcher" and p.host == here}
             self.startup = startup.assess(self.run, found, now_ns, outlook, alive)
-            if self.publishes:
-                files.write_atomic(Path(self.run.path) / STARTUP_FILE, startup.state_file(self.startup))
+            files.write_atomic(Path(self.run.path) / STARTUP_FILE, startup.state_file(self.startup))
         except OSError as exc:
             files.say_once(Path(self.run.path) / STARTUP_FILE, exc, "phasetrace probe reads the journals instead")
         except Exception as exc:
