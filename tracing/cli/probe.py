@@ -62,17 +62,11 @@ def read_state(run_dir: Path, now_ns: int, stale_s: float) -> dict[str, Any] | N
 def assess_journals(run_dir: Path, now_ns: int) -> dict[str, Any]:
     """What ``status`` would say, from the journals (the state file could not be used)."""
     from ..reader.load import load_run
-    from ..verdicts import startup, usual
-    from ..verdicts.findings import findings, gone_ranks, running
+    from ..verdicts import startup
+    from ..verdicts.findings import findings, gone_ranks
 
     view = load_run(run_dir)
-    found = findings(view, now_ns, gone=gone_ranks(view))
-    here = other_processes.this_host()
-    alive = {p.pid: running(p) for p in view.processes if p.role == "launcher" and p.host == here}
-    outlook = usual.outlook(view, now_ns, usual.known(view))
-    doc = startup.assess(view, found, now_ns, outlook, alive).to_json()
-    doc.pop("processes")
-    return doc
+    return startup.of_pass(view, findings(view, now_ns, gone=gone_ranks(view)), now_ns).to_json()
 
 
 class Probe:

@@ -224,6 +224,7 @@ Returns the command's exit code.
         self.said: set[str] = set()  # journal problems already reported
         self.failures: set[str] = set()
         self.spoken: set[tuple[int, str]] = set()  # (pid, verdict word) this process printed
+        self.hints_said: set[str] = set()  # known-fix hints this process printed (each once)
         self.launcher_watches = getattr(self, "launcher_watches", True)
         self.journal: JournalWriter | None = None  # where this process records what it says
         self.journal_failed = False
@@ -365,10 +366,9 @@ Returns the command's exit code.
         if defer or not unsaid:
             return bool(unsaid)
         self.line.clear()
-        hints_said = self.__dict__.setdefault("hints_said", set())
         for f in unsaid:
             self.spoken.add((f.pid, voice.word(f)))
-            voice.speak(f, sys.stderr, lambda record: self.record(view, record), view, hints_said)
+            voice.speak(f, sys.stderr, lambda record: self.record(view, record), view, self.hints_said)
         return False
 
     def record(self, view: RunView, record: dict[str, Any]) -> None:

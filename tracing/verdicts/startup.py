@@ -18,9 +18,9 @@ import orjson
 
 from .. import other_processes
 from ..reader.view import ProcessRec, RunView
-from . import voice
+from . import usual, voice
 from .diagnose import PREFIX, Finding
-from .findings import alarms, by_process
+from .findings import alarms, by_process, running
 
 NS = 1_000_000_000
 
@@ -59,6 +59,15 @@ class Startup:
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "code": self.code}
+
+
+def of_pass(run: RunView, found: list[Finding], now_ns: int) -> Startup:
+    """``assess`` with what a pass adds to its findings: the history's outlook (``usual``) and whether
+    this host's launchers still run (``/proc``). The launcher's watchdog and the probe's fallback on
+    the journals both judge this way."""
+    here = other_processes.this_host()
+    alive = {p.pid: running(p) for p in run.processes if p.role == "launcher" and p.host == here}
+    return assess(run, found, now_ns, usual.outlook(run, now_ns, usual.known(run)), alive)
 
 
 def _state_of(f: Finding) -> str:

@@ -29,7 +29,7 @@ from ..journal.layout import STARTUP_FILE
 from ..reader.view import ProcessRec, ProcId, RunView
 from ..recorder import metrics, otlp, runtime
 from ..redact import printable, redact_text
-from . import evidence, postmortem, startup, usual, voice
+from . import evidence, postmortem, startup, voice
 from . import stack_requests as stacks
 from .diagnose import PREFIX, Finding, Thresholds, said, suspects
 from .evidence.ranks import RankReader
@@ -145,10 +145,7 @@ class Watchdog:
         if not self.publishes:  # ``phasetrace watch``, a test: nobody reads it
             return
         try:
-            outlook = usual.outlook(self.run, now_ns, usual.known(self.run))
-            here = other_processes.this_host()
-            alive = {p.pid: running(p) for p in self.run.processes if p.role == "launcher" and p.host == here}
-            self.startup = startup.assess(self.run, found, now_ns, outlook, alive)
+            self.startup = startup.of_pass(self.run, found, now_ns)
             files.write_atomic(Path(self.run.path) / STARTUP_FILE, startup.state_file(self.startup))
         except OSError as exc:
             files.say_once(Path(self.run.path) / STARTUP_FILE, exc, "phasetrace probe reads the journals instead")
