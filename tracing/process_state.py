@@ -22,9 +22,11 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
+
+T = TypeVar("T")
 
 
 class StackDump(NamedTuple):
@@ -56,6 +58,19 @@ class ProcessState:
 
 
 STATE = ProcessState()
+
+
+def part(name: str, make: Callable[[], T]) -> T:
+    """This process's part ``name`` (a field of ``ProcessState``), made by ``make`` on its first use:
+    once, under the lock, though two threads first use it together."""
+    got = getattr(STATE, name)
+    if got is None:
+        with STATE.lock:
+            got = getattr(STATE, name)
+            if got is None:
+                got = make()
+                setattr(STATE, name, got)
+    return got
 
 
 def say_once(key: Hashable) -> bool:

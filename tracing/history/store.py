@@ -167,12 +167,7 @@ class Memory:
 
 
 def memory() -> Memory:
-    state = process_state.STATE
-    if state.history is None:
-        with state.lock:
-            if state.history is None:
-                state.history = Memory()
-    return state.history
+    return process_state.part("history", Memory)
 
 
 def forget(fingerprint_id: str | None = None) -> None:

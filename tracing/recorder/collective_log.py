@@ -48,12 +48,7 @@ class Collectives:
 
 def state() -> Collectives:
     """This process's collectives (``process_state``: a forked child starts with none)."""
-    ps = process_state.STATE
-    if ps.collectives is None:
-        with ps.lock:
-            if ps.collectives is None:
-                ps.collectives = Collectives()
-    return ps.collectives
+    return process_state.part("collectives", Collectives)
 
 
 def enter(op: str, group: str) -> dict[str, Any] | None:

@@ -185,12 +185,7 @@ def say(message: str) -> None:
 
 def collector() -> Collector:
     """What this process knows of its collector (``process_state``: a forked child starts unknowing)."""
-    state = process_state.STATE
-    if state.collector is None:
-        with state.lock:
-            if state.collector is None:
-                state.collector = Collector()
-    return state.collector
+    return process_state.part("collector", Collector)
 
 
 def flush_async(target: Any) -> None:

@@ -480,10 +480,10 @@ def end_incomplete(span: Span, reason: str, end_ns: int | None = None) -> None:
 
 def current() -> Runtime:
     """This process's runtime (created, not started, on first use; a forked child makes its own)."""
-    state = process_state.STATE
-    if state.runtime is None:
-        with state.lock:
-            if state.runtime is None:
-                boot = sys.modules.get("_phasetrace_boot")
-                state.runtime = Runtime(state.boot_ns or getattr(boot, "BOOT_NS", None) or time.time_ns())
-    return state.runtime
+    return process_state.part("runtime", _new_runtime)
+
+
+def _new_runtime() -> Runtime:
+    """Born when the process booted (a forked child: when it was forked), as the boot hook noted it."""
+    boot = sys.modules.get("_phasetrace_boot")
+    return Runtime(process_state.STATE.boot_ns or getattr(boot, "BOOT_NS", None) or time.time_ns())
