@@ -470,7 +470,7 @@ def test_a_disk_full_mid_run_keeps_records_whole_and_loses_no_end(
 def test_status_says_what_a_full_disk_kept_out_of_each_journal(tmp_path: Path, capsys) -> None:
     """Each process's status file says what its journal lacks (``journal_unwritten``): ``status``
     names it, held while the process runs, lost once it is gone; and journals with no record yet."""
-    from sglang_phasetrace.tracing.reader.missing import missing
+    from sglang_phasetrace.tracing.render.missing import missing
 
     run = tmp_path / "run"
     build_run(run)

@@ -14,9 +14,9 @@ from rich.console import Group
 from rich.live import Live
 
 from ..reader.load import refresh_parallel
-from ..reader.missing import missing
 from ..reader.view import RunView
 from ..render.lanes import layout
+from ..render.missing import missing
 from ..render.status_table import StatusRow, status_rows, status_table, verdict_lines
 from ..render.term import text
 from ..verdicts import usual

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..journal.layout import JOURNAL_DIR
-from .view import RunView
+from ..reader.view import RunView
+from .units import size
 
 
 def missing(view: RunView, alive: Mapping[tuple[str, int], bool] | None = None) -> list[str]:
@@ -75,14 +76,7 @@ def _full(run_path: Path) -> str | None:
         return None
     if st.f_bavail > 0 or st.f_blocks == 0:
         return None
-    size = st.f_blocks * st.f_frsize
     return (
-        f"{run_path}: its filesystem is full (0 bytes free of {_human(size)}): journals and status files lack "
-        "what did not fit, until there is room"
+        f"{run_path}: its filesystem is full (0 bytes free of {size(st.f_blocks * st.f_frsize)}): journals and "
+        "status files lack what did not fit, until there is room"
     )
-
-
-def _human(n: int) -> str:
-    if n < 1 << 20:
-        return f"{n / 1024:g} KiB"
-    return f"{n / (1 << 20):.1f} MiB" if n < 1 << 30 else f"{n / (1 << 30):.1f} GiB"
