@@ -128,6 +128,13 @@ def test_a_finished_run_is_indexed_once_and_every_verb_reads_the_same(
     assert outputs(capsys, run, tmp_path / "again") == plain
 
 
+def test_the_index_is_keyed_to_the_code_that_reads_the_journals() -> None:
+    """Each source the layout digest covers exists: a module renamed away (``run.py`` became ``view.py``)
+    would drop out of it silently, and an index written by older code be taken for this code's."""
+    assert all(path.is_file() for path in index.sources()), index.sources()
+    assert {path.name for path in index.sources()} >= {"view.py", "load.py", "tail.py", "bulk_decode.py"}
+
+
 def test_the_index_holds_every_field_of_each_process(run: Path) -> None:
     """``ProcessRec`` is carried field by field: a field added to it is carried without a change
     (but ``exit``, which the view sets from other journals' records, on every read)."""

@@ -41,10 +41,13 @@ from typing import Any, get_type_hints
 import msgspec
 
 from .. import files, other_processes
+from ..journal import bulk_decode, schema
+from ..journal import tail as journal_tail
 from ..journal.bulk_decode import SpanRec
 from ..journal.layout import JOURNAL_DIR
 from ..journal.tail import JournalTail, journal_max
 from ..redact import printable
+from . import view
 from .view import ProcessRec, RunView
 
 log = logging.getLogger("sglang_phasetrace")
@@ -146,18 +149,18 @@ class _Version(msgspec.Struct):
     layout: str
 
 
+def sources() -> list[Path]:
+    """The code that makes an index's state from the journals, named by its modules (a renamed module
+    cannot drop out of the digest); ``load``, which imports this module, by its place beside it."""
+    modules = (view, journal_tail, schema, bulk_decode)
+    return [Path(__file__).resolve().with_name("load.py"), *(Path(str(m.__file__)) for m in modules)]
+
+
 def _layout() -> str:
     """The fields of the types kept, and the code that makes them from the journals: a state read
     by other code (another release, a fix to ``apply``) is not taken for this code's."""
-    here = Path(__file__).resolve().parent
     code = []
-    for source in (
-        here / "run.py",
-        here / "load.py",
-        here.parent / "journal" / "reader.py",
-        here.parent / "journal" / "schema.py",
-        here.parent / "journal" / "bulk_decode.py",
-    ):
+    for source in sources():
         try:
             code.append(zlib.crc32(source.read_bytes()))
         except OSError:  # installed without its sources: the fields alone
