@@ -178,12 +178,19 @@ def test_probe_json_is_the_state_with_its_exit_code(tmp_path: Path, capsys) -> N
 # -- the start-up endpoint ------------------------------------------------------------------------------------
 
 
-def _get(port: int, path: str) -> tuple[int, str, str]:
+def http_get(url: str, timeout: float = 10.0) -> tuple[int, str, str]:
+    """(status, content type, body); (0, "", "") when nothing answers (yet)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.status, r.headers["Content-Type"], r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.headers["Content-Type"], e.read().decode()
+    except OSError:
+        return 0, "", ""
+
+
+def _get(port: int, path: str) -> tuple[int, str, str]:
+    return http_get(f"http://127.0.0.1:{port}{path}")
 
 
 def test_the_endpoint_serves_metrics_the_state_and_the_probe(tmp_path: Path) -> None:

@@ -14,25 +14,14 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import HOOKS, PLANTS, ROOT, end_group, free_port, hook_env, requires_sglang
 from sglang_phasetrace.tracing.cli import main
-
-
-def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-    except OSError:
-        return 0, ""
+from test_orchestrators import http_get
 
 
 class Prometheus:
@@ -55,13 +44,13 @@ class Prometheus:
             stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "w"), start_new_session=True,
         )  # fmt: skip
         deadline = time.monotonic() + 60
-        while _get(f"http://127.0.0.1:{self.port}/-/ready")[0] != 200:
+        while http_get(f"http://127.0.0.1:{self.port}/-/ready", 5.0)[0] != 200:
             assert time.monotonic() < deadline and self.proc.poll() is None, (tmp / "prometheus.log").read_text()
             time.sleep(0.5)
 
     def query(self, promql: str) -> list[dict]:
         url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        code, body = _get(url)
+        code, _, body = http_get(url, 5.0)
         assert code == 200, body
         return json.loads(body)["data"]["result"]
 
@@ -138,7 +127,7 @@ def test_prometheus_scrapes_a_slow_start_that_keeps_passing_until_it_serves(
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline and server.proc.poll() is None:
             code, doc = server.probe(capsys)
-            status = _get(f"http://127.0.0.1:{http}/startup/probe")[0]
+            status = http_get(f"http://127.0.0.1:{http}/startup/probe", 5.0)[0]
             seen.append((code, doc["state"], status))
             if doc["state"] == "serving":
                 break
@@ -175,9 +164,9 @@ def test_a_planted_stall_fails_the_probe_and_the_http_probe_with_the_verdict(
         code, doc = server.probe(capsys)
     assert (code, doc["state"]) == (3, "stalled"), doc
     assert doc["line"].startswith("sglang-phasetrace: STALL rank tp1 (pid ") and "'attention.init'" in doc["line"], doc
-    status, body = _get(f"http://127.0.0.1:{http}/startup/probe")
+    status, _, body = http_get(f"http://127.0.0.1:{http}/startup/probe", 5.0)
     assert status == 503 and body.startswith("sglang-phasetrace: STALL rank tp1 (pid "), body
-    _, metrics = _get(f"http://127.0.0.1:{http}/metrics")
+    _, _, metrics = http_get(f"http://127.0.0.1:{http}/metrics", 5.0)
     assert re.search(r'^phasetrace_start_verdict\{kind="\w+",label="tp1",phase="attention.init"\} 1\.0$', metrics, re.M)
 
 
