@@ -1,8 +1,11 @@
 """The launching (main) process: launch, spawn and wait for ranks, warm up, server ready.
 
 The launch root span starts at process start and ends when the server is ready: when
-``Engine.__init__`` returns (offline engine), or when ``_wait_and_warmup`` logged SGLang's
-"fired up and ready to roll" line (HTTP server), which is how SGLang itself says it is ready.
+``Engine.__init__`` returns (offline engine), or when ``_wait_and_warmup`` returns having brought the
+server up (HTTP server). SGLang's own state says so, not its log: its tokenizer manager's
+``server_status`` is ``Up`` after a warm-up request succeeded, or at once with
+``--skip-server-warmup`` (0.4.10.post2+). Its "fired up and ready to roll" line is INFO, never made
+at ``--log-level warning``, so it only stands in where that state does not exist (0.4.0 to 0.4.10).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sys
 from typing import Any
 
 from ..tracing import keys
@@ -37,14 +41,42 @@ class _ReadyFilter(logging.Filter):
 
 def _watch_ready(call: Call) -> dict[str, Any]:
     call.state["filter"] = _ReadyFilter()
-    logging.getLogger(HTTP).addFilter(call.state["filter"])
+    logging.getLogger(_logger_of(call)).addFilter(call.state["filter"])
     return server_args_attrs(call.arg("server_args"))
 
 
 def _ready_seen(call: Call, result: Any) -> Report:
+    """``_wait_and_warmup`` returned: did the server come up? Its failure paths tear the launch down
+    before they return, so a return says little; SGLang's ``server_status`` says it (``Up``, not
+    ``Starting`` or ``UnHealthy``). Releases without it (0.4.0 to 0.4.10): the ready line seen, or, where
+    its logger could not make that line (INFO disabled), the return itself."""
+    logger = logging.getLogger(_logger_of(call))
     seen = call.state["filter"]
-    logging.getLogger(HTTP).removeFilter(seen)
-    return Report(attrs={"sglang.server_ready": seen.seen}, ready=seen.seen)
+    logger.removeFilter(seen)
+    status = _server_status(call)
+    if status is not None:
+        ready = status == "Up"
+    else:
+        ready = seen.seen or not logger.isEnabledFor(logging.INFO)
+    attrs: dict[str, Any] = {keys.SERVER_READY: ready}
+    if status is not None:
+        attrs["sglang.server_status"] = status
+    return Report(attrs=attrs, ready=ready)
+
+
+def _logger_of(call: Call) -> str:
+    """The logger of the module whose ``_wait_and_warmup`` runs (it moved in 0.4.2)."""
+    return call.target.partition(":")[0] or HTTP
+
+
+def _server_status(call: Call) -> str | None:
+    """The name of SGLang's ``ServerStatus`` in this process's HTTP server, or None where the
+    release has none (its module's ``_global_state.tokenizer_manager.server_status``)."""
+    module = sys.modules.get(call.target.partition(":")[0])
+    manager = getattr(getattr(module, "_global_state", None), "tokenizer_manager", None)
+    status = getattr(manager, "server_status", None)
+    name = getattr(status, "name", None)
+    return name if isinstance(name, str) else None
 
 
 def _launch_args(call: Call) -> dict[str, Any]:

@@ -49,6 +49,14 @@ def test_shrink_lowers_only_the_kv_pool() -> None:
     assert "added --max-total-tokens 4096" in rewrite(LAUNCH, shrink=True).changed
 
 
+def test_sglang_serve_is_rewritten_like_launch_server() -> None:
+    out = rewrite(["/venv/bin/sglang", "serve", "--model-path", "/m", "--tp", "2"])
+    assert out.command == ["/venv/bin/sglang", "serve", "--model-path", "/m", "--tp", "2", "--load-format", "dummy"]
+    assert out.model_path == "/m"
+    with pytest.raises(NotLaunchServer):
+        rewrite(["sglang", "version"])
+
+
 def test_other_commands_are_refused_with_what_to_do(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(NotLaunchServer):
         rewrite(["python", "my_engine.py"])

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -28,8 +29,9 @@ from pathlib import Path
 import pytest
 from conftest import HOOKS, free_port, hook_env, kill_group, read_journal, requires_sglang, run_dirs
 from sglang_phasetrace.patches import PatchEngine, Phase
+from sglang_phasetrace.patches import server as server_patches
 from sglang_phasetrace.patches.model_runner import _forward
-from sglang_phasetrace.patches.spec import Report
+from sglang_phasetrace.patches.spec import Call, Report
 from sglang_phasetrace.tracing import keys
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.journal import records
@@ -622,3 +624,80 @@ def test_a_healthy_launch_server_serves_then_its_ranks_go_quiet(tiny_model, tmp_
         beats = [hb["t"] for hb in proc.heartbeats]
         assert beats and max(beats) <= root.end + S, "no heartbeat in the journal once serving"
         assert all(s.end is not None and s.end <= root.end + S for s in proc.spans.values()), proc.label
+
+
+# -- serving is what SGLang does, not what it logs (issue 41.1) ----------------------------------------
+def _warmup_call(make_module, status: str | None) -> tuple[Call, object]:
+    """A ``_wait_and_warmup`` call in a module shaped like SGLang's HTTP server: its tokenizer
+    manager's ``server_status`` (a ``ServerStatus`` member), or a release without one."""
+    module = make_module(
+        """
+        import enum, types
+        ServerStatus = enum.Enum("ServerStatus", "Up Starting UnHealthy")
+        _global_state = None
+        """
+    )
+    if status is not None:
+        module._global_state = types.SimpleNamespace(
+            tokenizer_manager=types.SimpleNamespace(server_status=module.ServerStatus[status])
+        )
+    return Call({}, None, f"{module.__name__}:_wait_and_warmup"), module
+
+
+@pytest.mark.parametrize(
+    ("status", "level", "logged", "ready"),
+    [
+        ("Up", logging.WARNING, False, True),  # --log-level warning: no "ready to roll" record is made
+        ("Up", logging.ERROR, False, True),
+        ("Up", logging.INFO, True, True),
+        ("Starting", logging.INFO, False, False),  # the warm-up failed (SGLang tears the launch down)
+        ("UnHealthy", logging.INFO, True, False),  # disaggregated warm-up failed: logged, yet not up
+        (None, logging.INFO, True, True),  # 0.4.0-0.4.10: no status; the line
+        (None, logging.INFO, False, False),
+        (None, logging.WARNING, False, True),  # ... or the return, where the line could not be made
+    ],
+)
+def test_the_server_is_ready_when_sglang_says_it_is_up_at_any_log_level(
+    make_module, status: str | None, level: int, logged: bool, ready: bool
+) -> None:
+    call, module = _warmup_call(make_module, status)
+    logger = logging.getLogger(module.__name__)
+    logger.setLevel(level)
+    try:
+        server_patches._watch_ready(call)
+        if logged:
+            logger.warning(server_patches.READY_MESSAGE)  # whatever level lets it through here
+        report = server_patches._ready_seen(call, None)
+    finally:
+        logger.setLevel(logging.NOTSET)
+    assert report.ready is ready
+    assert report.attrs[keys.SERVER_READY] is ready
+    assert logger.filters == []
+    if status is not None:
+        assert report.attrs["sglang.server_status"] == status
+
+
+def test_a_launch_serves_when_all_its_tokenizer_workers_came_up(tmp_path: Path) -> None:
+    """``--tokenizer-worker-num 2``: each worker warms the server up, the launcher never does."""
+    from handmade_runs import NOW, Proc
+    from sglang_phasetrace.tracing.verdicts.watchdog import served_by_workers
+
+    run_dir = tmp_path / "run"
+
+    def worker(pid: int, up: bool | None, ago: float = 1) -> None:
+        proc = Proc(run_dir, pid, "tokenizer", f"tokenizer-{pid}", keys.PHASE_PROCESS, 30).phase(
+            keys.PHASE_WAIT_READY, 20
+        )
+        if up is not None:
+            span = proc.records[-1]["span"]
+            proc.records.append(records.end(NOW - int(ago * S), span, "ok", {keys.SERVER_READY: up}))
+        proc.write()
+
+    Proc(run_dir, 10, "launcher", "launcher", keys.PHASE_LAUNCH_SERVER, 40).write()
+    worker(11, True, ago=3)
+    worker(12, None)
+    assert served_by_workers(load_run(run_dir)) is None  # one still warms up
+    worker(12, True, ago=2)
+    assert served_by_workers(load_run(run_dir)) == NOW - 2 * S  # the last one up
+    worker(12, False)
+    assert served_by_workers(load_run(run_dir)) is None  # one failed: the launch does not serve

@@ -42,6 +42,9 @@ PROCESS_STATE = "phasetrace.state"
 SNAPSHOT = "phasetrace.snapshot"  # on spans a snapshot export closed for the reader (still open in the run)
 
 # Phase attributes readers use (set by patches/, read by the watchdog and the renderers).
+# On ``server.wait_ready``: the server came up (SGLang's ``server_status``); a tokenizer worker's says,
+# with ``--tokenizer-worker-num`` > 1, that the launch serves (its launcher never warms up itself).
+SERVER_READY = "sglang.server_ready"
 GROUP_NAME = "sglang.group_name"  # a communication group: phases per group are told apart
 IS_DRAFT = "sglang.is_draft"  # a speculative draft model's phase, told apart from the target's
 SERVER_ARGS = "sglang.server_args"  # the launch's server arguments, redacted JSON (``patches/_attrs``)

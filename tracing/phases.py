@@ -338,9 +338,11 @@ def _launch_root(rt: runtime.Runtime, attrs: dict[str, Any], attach: bool) -> sp
     if root is None:
         return None
     spans.export_traceparent(root.span)
-    serving.tell_ranks(rt, attrs.get(keys.PHASE) == keys.PHASE_LAUNCH_SERVER and (node is None or node.rank == 0))
+    serves_later = attrs.get(keys.PHASE) == keys.PHASE_LAUNCH_SERVER and (node is None or node.rank == 0)
+    serving.tell_ranks(rt, serves_later)
     if LAUNCHER_SIDE is not None:
-        LAUNCHER_SIDE().start(rt, node, attrs, lambda: _ready(rt, serves=False))
+        workers_serve = (lambda since: _ready(rt, end_ns=since)) if serves_later else None
+        LAUNCHER_SIDE().start(rt, node, attrs, lambda: _ready(rt, serves=False), workers_serve)
     return root
 
 

@@ -10,6 +10,7 @@ draft is dummy on releases whose draft does not follow the target's format too.
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,7 +30,8 @@ PREFLIGHT_ARGS = ("load_format", "speculative_draft_load_format", "max_total_tok
 
 
 class NotLaunchServer(ValueError):
-    """The command is not ``python -m sglang.launch_server …``: we rewrite only its arguments."""
+    """The command is not ``python -m sglang.launch_server …`` or ``sglang serve …``: we rewrite only
+    their arguments."""
 
 
 @dataclass
@@ -48,8 +50,11 @@ def _server_args_start(command: list[str]) -> int:
             return i + 2
         if word.endswith(("sglang/launch_server.py", "sglang.launch_server")) and word != "sglang.launch_server":
             return i + 1
+        if os.path.basename(word) == "sglang" and command[i + 1 : i + 2] == ["serve"]:  # the newer CLI entry
+            return i + 2
     raise NotLaunchServer(
-        "pre-flight rewrites only `python -m sglang.launch_server …` argument lists; for a script that builds "
+        "pre-flight rewrites only `python -m sglang.launch_server …` and `sglang serve …` argument lists; for a "
+        "script that builds "
         'sglang.Engine, pass load_format="dummy" (and speculative_draft_load_format="dummy") yourself and use '
         "`phasetrace run`"
     )

@@ -24,17 +24,23 @@ log = logging.getLogger("sglang_phasetrace")
 
 
 def start(
-    rt: runtime.Runtime, node: launch.Node | None, attrs: dict[str, Any], node_ready: Callable[[], None]
+    rt: runtime.Runtime,
+    node: launch.Node | None,
+    attrs: dict[str, Any],
+    node_ready: Callable[[], None],
+    workers_serve: Callable[[int], None] | None = None,
 ) -> Watchdog | None:
     """Watch this launch from the launching process until it serves (or exits): its ranks are
     watched through their warm-up, initialised but not serving (``recorder.serving``); a node of a
-    multi-node launch joins the others (``node_ready``: a node ≥ 1 is ready when its ranks are);
-    the start-up endpoint opens where asked."""
+    multi-node launch joins the others (``node_ready``: a node ≥ 1 is ready when its ranks are); a
+    ``launch_server`` whose tokenizer workers warm the server up serves when they say so
+    (``workers_serve``, with when); the start-up endpoint opens where asked."""
     if os.environ.get(keys.ENV_WATCHDOG, "1") == "0" or rt.run_dir is None:
         return None
     os.environ[keys.ENV_LAUNCHER] = str(os.getpid())  # ranks spawned from here start tracing at import
     dog = process_state.STATE.launcher_watchdog = Watchdog(rt.run_dir, record=rt.write)
     dog.keeps = dog.publishes = True
+    dog.when_workers_serve = workers_serve
     rt.on_ready.append(lambda: ready(dog))
     atexit.register(keep_at_exit)  # registered first, runs last: after the post-mortem's records
     atexit.register(last_words)  # a launch that ends before ready: its post-mortem

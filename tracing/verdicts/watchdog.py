@@ -57,6 +57,23 @@ def pinned(proc: ProcessRec) -> other_processes.Pinned | None:
     return other_processes.pin(proc.pid, proc.host, proc.start_ticks, proc.boot_id, journal)
 
 
+def served_by_workers(run: RunView) -> int | None:
+    """With ``--tokenizer-worker-num`` > 1 SGLang warms the server up in each tokenizer worker, never
+    in the launcher: the launch serves once every worker that began ``server.wait_ready`` ended it
+    with the server up (SGLang's ``server_status``). When the last one did (ns), or None."""
+    last = None
+    for proc in run.processes:
+        if not proc.helper or proc.remote is not None:
+            continue
+        for span in proc.spans.values():
+            if span.phase != keys.PHASE_WAIT_READY:
+                continue
+            if span.end is None or span.attrs.get(keys.SERVER_READY) is not True:
+                return None
+            last = max(last or 0, span.end)
+    return last
+
+
 class Watchdog:
     def __init__(
         self,
@@ -72,6 +89,8 @@ class Watchdog:
         self.quick = False  # last words: verdict lines only
         self.when_ranks_ready: Callable[[], None] | None = None  # called once, when every rank is ready
         self.expect_ranks = 1  # ... and there are at least this many (a node ≥ 1 of a multi-node launch)
+        # a ``launch_server``'s: called once, with when, once its tokenizer workers serve (``served_by_workers``)
+        self.when_workers_serve: Callable[[int], None] | None = None
         self.node: int | None = None  # that node's rank: its own ranks are the ones it waits for
         self.crossnode: Any = None  # ``crossnode.CrossNode`` on a node of a multi-node launch
         stacks.stack_signal()  # a bad setting is said now, once
@@ -110,6 +129,9 @@ class Watchdog:
             if self.when_ranks_ready is not None and len(local) >= self.expect_ranks and all(p.ready for p in local):
                 done, self.when_ranks_ready = self.when_ranks_ready, None
                 done()
+            if self.when_workers_serve is not None and (since := served_by_workers(self.run)) is not None:
+                serves, self.when_workers_serve = self.when_workers_serve, None
+                serves(since)
             th = self.thresholds
             if self._look_for_exits() and not self.quick:
                 # a death just seen: a stop from outside signals the launch's processes together, and the
