@@ -188,21 +188,24 @@ def test_the_launcher_waiting_for_a_file_lock_in_its_own_init_is_named_with_the_
 @requires_sglang
 @pytest.mark.sglang
 @pytest.mark.timeout(400)
-def test_a_detokenizer_stopped_before_its_loop_is_named_through_the_launchers_wait(launch) -> None:
-    """``launch_server``: the detokenizer sleeps in its init (no outside cause), the ranks become
-    initialised, the launcher waits for the warm-up's answer: the verdict names the detokenizer."""
+def test_a_detokenizer_stopped_before_its_loop_is_named_at_the_blocked_bound(launch) -> None:
+    """``launch_server``: the detokenizer sleeps in its init (no outside cause), an init that waits for
+    no other process: the verdict names it once it is idle for the blocked bound, whatever the ranks do
+    meanwhile (before issue 41: once the ranks were initialised and idle too, 19 s on CPU)."""
     server = launch("detokenizer:sleep", server=True)
     line = first_verdict(server)
     began = server.began("detokenizer", "detokenizer.init")
     took = (time.time_ns() - began) / S
     print(f"\ndetokenizer named {took:.1f} s after its init began: {line}")
     assert re.match(
-        r"sglang-phasetrace: STALL detokenizer \(pid \d+\) holds the launch: it has not entered its loop", line
-    )
-    assert "in 'detokenizer.init'" in line and "tp0, tp1 are initialised and wait" in line, line
+        r"sglang-phasetrace: STALL detokenizer \(pid \d+\) (is blocked in 'detokenizer.init' for \d+ s|holds the "
+        r"launch): it has not entered its loop",
+        line,
+    ), line
+    assert "'detokenizer.init'" in line and "idle (" in line, line
     [detok] = server.process("detokenizer")
     assert not detok.initialised and not detok.ready
-    assert took <= 90, took  # the ranks' own init on this machine, then the blocked bound: not 120 s of nothing
+    assert took <= 30, took  # the blocked bound and a few passes on a loaded host: not the ranks' init first
     assert "no progress" not in server.stderr()
 
 
@@ -214,7 +217,9 @@ def test_a_tokenizer_worker_that_never_registers_is_named_by_its_number(launch) 
     line = first_verdict(server)
     print(f"\n{line}")
     m = re.match(
-        r"sglang-phasetrace: STALL (tokenizer-[12]) \(pid (\d+)\) holds the launch: it has not entered its loop", line
+        r"sglang-phasetrace: STALL (tokenizer-[12]) \(pid (\d+)\) (is blocked in 'tokenizer_worker.init' for \d+ s|"
+        r"holds the launch): it has not entered its loop",
+        line,
     )
     assert m is not None, line
     assert "in 'tokenizer_worker.init'" in line, line

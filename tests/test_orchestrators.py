@@ -7,6 +7,7 @@ real traced SGLang start scraped by a real Prometheus server — are in ``test_o
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import os
@@ -294,3 +295,59 @@ def test_every_verb_that_prints_a_table_has_json(tmp_path: Path, capsys: pytest.
             parser = argparse.ArgumentParser()
             verb.add_arguments(parser)
             assert any("--json" in a.option_strings for a in parser._actions), verb.name
+
+
+# -- the launch's other processes, named at the blocked bound (issue 41.4) ---------------------------------
+def _verdicts(run: Path, now: int = NOW) -> list:
+    view = RunView(run).refresh(final=True)
+    return [f for f, _ in live(view, now, Thresholds(), {}) if f.alarm]
+
+
+def test_a_helper_asleep_in_an_init_that_waits_for_no_one_is_named_at_the_bound(tmp_path: Path) -> None:
+    """The detokenizer asleep in its init while the ranks still load: named once idle for the blocked
+    bound (8 s), not once the ranks are initialised and idle too (that was 19 s on CPU)."""
+    Proc(tmp_path, 99, "launcher", "launcher", "launch.server").phase("launch.wait_ranks", 20).idle().write()
+    for i in range(2):
+        Proc(tmp_path, 100 + i, "rank", f"tp{i}", "rank").phase("model.load_weights", 12).loading(3, 8).write()
+    Proc(tmp_path, 98, "detokenizer", "detokenizer", "process").phase("detokenizer.init", 9).idle(9).write()
+    [f] = _verdicts(tmp_path)
+    assert (f.kind, f.label, f.phase) == ("blocked", "detokenizer", "detokenizer.init")
+    assert f.message.startswith(
+        "detokenizer (pid 98) is blocked in 'detokenizer.init' for 9 s: it has not entered its loop, idle (0 % CPU"
+    ), f.message
+    assert "the launcher waits in 'launch.wait_ranks'" in f.message, f.message
+
+
+def test_a_helper_idle_for_less_than_the_bound_runnable_or_waiting_for_its_ranks_is_not_named(
+    tmp_path: Path,
+) -> None:
+    def run(name: str, phase: str, idle_s: float, state: str = "S") -> Path:
+        path = tmp_path / name
+        Proc(path, 99, "launcher", "launcher", "launch.engine").phase("launch.wait_ranks", 20).idle().write()
+        Proc(path, 100, "rank", "tp0", "rank").phase("model.load_weights", 12).loading(3, 8).write()
+        helper = Proc(path, 98, "helper", "dp-controller" if "dp" in phase else "detokenizer", "process")
+        helper.phase(phase, idle_s).idle(idle_s)
+        for r in helper.records:
+            if r["kind"] == "heartbeat":
+                r["main"]["state"] = state
+        helper.write()
+        return path
+
+    assert _verdicts(run("short", "detokenizer.init", 6)) == []  # under the bound
+    assert _verdicts(run("starved", "detokenizer.init", 12, state="R")) == []  # a busy host starves it: runnable
+    assert _verdicts(run("dp", "dp_controller.init", 30)) == []  # it waits for its ranks, which load
+
+
+def test_the_watchdog_looks_again_in_a_moment_while_a_process_nears_the_bound(tmp_path: Path) -> None:
+    from sglang_phasetrace.tracing.verdicts.watchdog import SOON_S, Watchdog
+
+    now = time.time_ns()
+    Proc(tmp_path, 98, "detokenizer", "detokenizer", "process", now=now).phase("detokenizer.init", 7).write()
+    dog = Watchdog(tmp_path, Thresholds(), out=io.StringIO(), py_spy=False)
+    dog.run.refresh()
+    assert dog.pause(0.01) == SOON_S  # 7 s quiet: within a beat of the 8 s bound
+    assert dog.pause(0.4) == 0.8  # never more often than twice what a pass costs
+    Proc(tmp_path, 98, "detokenizer", "detokenizer", "process", now=now).phase("detokenizer.init", 1).write()
+    dog.run = RunView(tmp_path)
+    dog.run.refresh()
+    assert dog.pause(0.01) == 2.0  # far from it: the heartbeat interval

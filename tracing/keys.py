@@ -76,6 +76,13 @@ ROOT_PHASES = frozenset({PHASE_RANK, PHASE_LAUNCH_ENGINE, PHASE_LAUNCH_SERVER, P
 # Launcher phases that wait for the launch's other processes (their next step is not the launcher's).
 WAITS_FOR_OTHERS = frozenset({"launch.wait_ranks", PHASE_WAIT_READY})
 READY_PHASES = frozenset({PHASE_WAIT_READY})
+# Init steps of the launch's other processes (and the launcher's own managers) that wait for no
+# other process of the launch: idle in one for the blocked bound is a stall, whatever it waits on
+# (a detokenizer asleep in its init is named then, not once the ranks are initialised and idle too).
+# Not the DP controller's init: it waits for its ranks.
+WORKS_ALONE = frozenset(
+    {"tokenizer_manager.init", "template_manager.init", "detokenizer.init", "tokenizer_worker.init"}
+)
 
 # Environment (the on/off switch SGLANG_PHASETRACE is read by the stdlib-only boot module).
 ENV_BASE_DIR = "SGLANG_PHASETRACE_DIR"

@@ -6,7 +6,9 @@ On processes of the launch that are neither ranks nor ready:
 * **silent**: no heartbeat for ``silent_s`` (as a rank; the launcher cannot say it of itself);
 * **blocked**: idle for ``blocked_bound`` (its heartbeats agree) in a phase of its own, held by an
   outside cause the OS shows — a lock, or a TCP peer that sends nothing (a tokenizer fetched through
-  a dead proxy) — named with it, like a rank;
+  a dead proxy) — named with it, like a rank; or idle that long, asleep, in an init step that waits
+  for no other process (``keys.WORKS_ALONE``), whatever it waits on, unless what it waits on moves
+  (a socket that still receives, a busy child) or is the launch (a pipe or IPC socket);
 * **holds the launch**: every rank is initialised and idle, the launcher is idle, and a helper has
   not entered its loop (its own init is not done) and is idle: the launch waits on it, whatever it
   waits on (the detokenizer that never entered its loop, a tokenizer worker that never registered);
@@ -61,6 +63,32 @@ def _outside(ev: object, th: Thresholds) -> bool:
     return ev.cause == "lock" or any(s.proto != "unix" and s.state != "LISTEN" for s in sockets)  # type: ignore[attr-defined]
 
 
+def _asleep(beats: list[dict], proc: ProcessRec, now: int, th: Thresholds) -> bool:
+    """Every heartbeat of the blocked bound, since it last progressed, saw its main thread asleep
+    (``S``): a process that a busy host starves of CPU is runnable (``R``), not idle, however
+    little CPU it got."""
+    since = max(proc.last_progress_t, now - int(th.blocked_bound * NS))
+    window = [b for b in beats if b["t"] > since and isinstance(b.get("main"), dict)]
+    return bool(window) and all(b["main"].get("state") == "S" for b in window)
+
+
+def _moves_or_waits_on_launch(ev: object, th: Thresholds) -> bool:
+    """What it waits on still moves (a socket that received within the blocked bound, a busy child)
+    or is its own launch (a pipe or IPC socket; a listening socket waits for whoever connects): not a
+    stall of its own."""
+    if ev is None:
+        return False
+    if ev.busy:  # type: ignore[attr-defined]
+        return True
+    return any(  # type: ignore[attr-defined]
+        s.proto == "unix"
+        or s.state == "LISTEN"
+        or s.rx_queue
+        or (s.last_recv_s is not None and s.last_recv_s < th.blocked_bound)
+        for s in ev.sockets  # type: ignore[attr-defined]
+    )
+
+
 def _context(proc: ProcessRec, ranks: list[ProcessRec], launcher: ProcessRec | None, now: int) -> str:
     """Who waits for it: the launcher in its waiting phase, the ranks initialised."""
     parts = []
@@ -95,25 +123,41 @@ def analyze(run: RunView, now: int, th: Thresholds, read: Read | None, explained
         quiet = (now - p.last_progress_t) / NS
         if quiet < th.blocked_bound or (p.role == "launcher" and not _own_phase(run, p)):
             continue
-        if doing(beats, p.last_progress_t, now, th, False, children=False).state != "blocked":
+        what = doing(beats, p.last_progress_t, now, th, False, children=False)
+        if what.state != "blocked":
             continue
         ev = read(p) if read is not None else None
+        phase, where, _ = _where(p, now)
         if _outside(ev, th):
-            phase, where, _ = _where(p, now)
-            out.append(
-                Finding(
-                    "blocked",
-                    p.label,
-                    p.pid,
-                    phase,
-                    quiet,
-                    f"{p.title} ({p.who}) is blocked {where} for {quiet:.0f} s and {said(ev)}"
-                    + _context(p, ranks, launcher, now),
-                    procs=[p.ident],
-                    doing=f"blocked ({ev.cause})",  # type: ignore[union-attr]
-                ).keep({p.label: ev})  # type: ignore[dict-item]
+            message = f"{p.title} ({p.who}) is blocked {where} for {quiet:.0f} s and {said(ev)}"
+            doing_text = f"blocked ({ev.cause})"  # type: ignore[union-attr]
+        elif phase in keys.WORKS_ALONE and _asleep(beats, p, now, th) and not _moves_or_waits_on_launch(ev, th):
+            held = _holds_launch(run, ranks, launcher, now, th, read) if p.helper else []
+            if held and held[0].label == p.label:  # the ranks wait too: the launch waits on it
+                out += held
+                named.add(p.pid)
+                continue
+            loop = "it has not entered its loop, " if p.helper else ""
+            more = said(ev)
+            message = f"{p.title} ({p.who}) is blocked {where} for {quiet:.0f} s: {loop}idle ({what.text})" + (
+                f" and {more}" if more else ""
             )
-            named.add(p.pid)
+            doing_text = f"blocked ({what.text})"
+        else:
+            continue
+        out.append(
+            Finding(
+                "blocked",
+                p.label,
+                p.pid,
+                phase,
+                quiet,
+                message + _context(p, ranks, launcher, now),
+                procs=[p.ident],
+                doing=doing_text,
+            ).keep({p.label: ev} if ev is not None else {})
+        )
+        named.add(p.pid)
     if explained or out:
         return out
     out += _holds_launch(run, ranks, launcher, now, th, read)

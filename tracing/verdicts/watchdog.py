@@ -38,6 +38,7 @@ from .findings import live, running
 log = logging.getLogger("sglang_phasetrace")
 MAX_STACKS = 8
 STOP_LOOK_S = 0.5  # after a death is seen, when the pass looks again for the rest of a stop
+SOON_S = 0.5  # the pause between passes while a process nears the blocked bound (``Watchdog.pause``)
 EXIT_WAIT_S = 1.0  # the longest an exiting launcher waits for its start to be recorded (``history.keeper``)
 
 
@@ -344,15 +345,30 @@ class Watchdog:
             return
 
     def loop(self) -> None:
-        """Poll at the heartbeat interval until stopped; never dies of an error."""
+        """Poll at the heartbeat interval until stopped (sooner near a bound); never dies of an error."""
         while not self.stop.is_set():
+            began = time.monotonic()
             try:
                 self.step()
             except Exception as exc:
                 if not self.failed:
                     self.failed = True
                     log.warning("sglang-phasetrace: watchdog pass failed: %r", exc)
-            self.stop.wait(min(self.thresholds.heartbeat_s, 5.0))
+            self.stop.wait(self.pause(time.monotonic() - began))
+
+    def pause(self, took: float) -> float:
+        """Seconds to the next pass: the heartbeat interval, but a moment (twice what a pass costs,
+        ``SOON_S`` at least) while a process of the launch is within a beat of the blocked bound, so a
+        stall is named as it reaches the bound, not up to a beat later."""
+        th = self.thresholds
+        beat = min(th.heartbeat_s, 5.0)
+        now = time.time_ns()
+        for proc in self.run.processes:
+            if proc.ready or proc.remote is not None:
+                continue
+            if th.blocked_bound - beat <= (now - proc.last_progress_t) / 1e9 < th.blocked_bound + beat:
+                return min(beat, max(SOON_S, 2 * took))
+        return beat
 
 
 def _float_env(name: str) -> float | None:
