@@ -48,14 +48,16 @@ def _watch_ready(call: Call) -> dict[str, Any]:
 def _ready_seen(call: Call, result: Any) -> Report:
     """``_wait_and_warmup`` returned: did the server come up? Its failure paths tear the launch down
     before they return, so a return says little; SGLang's ``server_status`` says it (``Up``, not
-    ``Starting`` or ``UnHealthy``). Releases without it (0.4.0 to 0.4.10): the ready line seen, or, where
-    its logger could not make that line (INFO disabled), the return itself."""
+    ``Starting`` or ``UnHealthy``; ``Starting`` with the warm-up skipped). Releases without it
+    (0.4.0 to 0.4.10): the ready line seen, or, where its logger could not make that line (INFO
+    disabled), the return itself."""
     logger = logging.getLogger(_logger_of(call))
     seen = call.state["filter"]
     logger.removeFilter(seen)
     status = _server_status(call)
-    if status is not None:
-        ready = status == "Up"
+    if status is not None:  # 0.4.10.post2 leaves it Starting on --skip-server-warmup's path
+        skipped = getattr(call.arg("server_args"), "skip_server_warmup", False) is True
+        ready = status == "Up" or (status == "Starting" and skipped)
     else:
         ready = seen.seen or not logger.isEnabledFor(logging.INFO)
     attrs: dict[str, Any] = {keys.SERVER_READY: ready}

@@ -9,10 +9,12 @@ same row.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -354,6 +356,30 @@ def test_rank_identity_is_read_in_every_era(release, releases, monkeypatch):
         unpublished = [name for _, name in scheduler._PARALLEL if f'"{name}"' not in text and f"{name}:" not in text]
         assert unpublished == []
     assert {"gpu_id"} <= set(parameters(sources, f"{MR}:ModelRunner.__init__"))
+
+
+# -- serving, from SGLang's state across releases (issue 41.1) ---------------------------------------------
+@pytest.mark.parametrize("release", RELEASES)
+def test_serving_is_read_from_sglangs_server_status_where_the_release_has_one(release, releases):
+    """``patches.server._ready_seen`` reads ``_global_state.tokenizer_manager.server_status`` in the
+    module of the ``_wait_and_warmup`` it wraps: every release that sets ``ServerStatus.Up`` sets it
+    there, on the warm-up's success and on ``--skip-server-warmup``'s path; the others still log the
+    ready line the fallback looks for."""
+    from sglang_phasetrace.patches import server
+
+    sources = releases[release]
+    module = next(t for t in (f"{server.HTTP}", "sglang.srt.server") if sources.function(f"{t}:_wait_and_warmup"))
+    text = sources.text(module)
+    assert server.READY_MESSAGE in text
+    if "ServerStatus" not in text:  # 0.4.0 to 0.4.10: the line, or the return where it cannot be made
+        assert release.startswith("0.4."), release
+        return
+    assert "_global_state.tokenizer_manager.server_status = ServerStatus.Up" in text
+    assert re.search(r"^_global_state\b", text, re.M), "the module global the hook reads"
+    warmup = sources.function(f"{module}:_wait_and_warmup")
+    body = ast.get_source_segment(text, warmup.node) or ""
+    if "ServerStatus.Up" not in body:  # 0.4.10.post2: Starting on the skip path, read with server_args
+        assert release == "0.4.10.post2" and "server_args.skip_server_warmup" in body, release
 
 
 # -- the live row: doctor imports the installed release --------------------------------------------

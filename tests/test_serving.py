@@ -651,6 +651,7 @@ def _warmup_call(make_module, status: str | None) -> tuple[Call, object]:
         ("Up", logging.ERROR, False, True),
         ("Up", logging.INFO, True, True),
         ("Starting", logging.INFO, False, False),  # the warm-up failed (SGLang tears the launch down)
+        ("Starting", logging.WARNING, False, "skipped"),  # 0.4.10.post2's --skip-server-warmup: not set Up
         ("UnHealthy", logging.INFO, True, False),  # disaggregated warm-up failed: logged, yet not up
         (None, logging.INFO, True, True),  # 0.4.0-0.4.10: no status; the line
         (None, logging.INFO, False, False),
@@ -658,9 +659,11 @@ def _warmup_call(make_module, status: str | None) -> tuple[Call, object]:
     ],
 )
 def test_the_server_is_ready_when_sglang_says_it_is_up_at_any_log_level(
-    make_module, status: str | None, level: int, logged: bool, ready: bool
+    make_module, status: str | None, level: int, logged: bool, ready: bool | str
 ) -> None:
     call, module = _warmup_call(make_module, status)
+    if ready == "skipped":
+        call.arguments["server_args"], ready = types.SimpleNamespace(skip_server_warmup=True), True
     logger = logging.getLogger(module.__name__)
     logger.setLevel(level)
     try:
