@@ -351,3 +351,21 @@ def test_the_watchdog_looks_again_in_a_moment_while_a_process_nears_the_bound(tm
     dog.run = RunView(tmp_path)
     dog.run.refresh()
     assert dog.pause(0.01) == 2.0  # far from it: the heartbeat interval
+
+
+def test_a_dp_controller_whose_ranks_still_import_holds_nothing(tmp_path: Path) -> None:
+    """``--dp 2``: the DP controller waits in its init for the ranks it spawned, which import (no rank
+    journal has a root yet); its busy child is work, not a stall (a false STALL in the healthy matrix)."""
+    from sglang_phasetrace.tracing.journal.waits_on import Child, Evidence
+
+    Proc(tmp_path, 99, "launcher", "launcher", "launch.server").phase("launch.wait_ranks", 40).idle().write()
+    Proc(tmp_path, 97, "dp-controller", "dp-controller", "process").phase("dp_controller.init", 30).idle(30).write()
+    Proc(tmp_path, 98, "detokenizer", "detokenizer", "process").phase("detokenizer.loop", 29).idle().write()
+    child = Child(pid=300, ppid=97, name="python", cmd="python", cpu_pct=44.0, cpu_over="window", cpu_s=4.0,
+                  sampled=NOW / S, started=NOW / S - 9, age_s=9.0, state="R")  # fmt: skip
+    busy = Evidence(
+        pid=97, t=NOW, cause="child", busy=True, text="is busy, not stuck: its child works", children=[child]
+    )
+    view = RunView(tmp_path).refresh(final=True)
+    found = [f for f, _ in live(view, NOW, Thresholds(), {}, read=lambda p: busy if p.pid == 97 else None)]
+    assert [f for f in found if f.alarm] == [], found

@@ -167,8 +167,10 @@ def analyze(run: RunView, now: int, th: Thresholds, read: Read | None, explained
 
 
 def _ranks_wait(ranks: list[ProcessRec], now: int, th: Thresholds, bound: float) -> bool:
-    """No rank has work of its own left: each is ready, or initialised and idle for ``bound``."""
-    return all(
+    """No rank has work of its own left: there are ranks (none yet: the launch still spawns them, as
+    a DP controller does while its ranks import), and each is ready, or initialised and idle for
+    ``bound``."""
+    return bool(ranks) and all(
         r.ready or not _initialising(r) or (r.initialised and (now - r.last_progress_t) / NS >= bound) for r in ranks
     )
 
@@ -194,6 +196,8 @@ def _holds_launch(
         if what.state == "busy":
             continue
         ev = read(h) if read is not None else None
+        if ev is not None and ev.busy:  # it waits on its own busy child: busy, not stuck
+            continue
         more = said(ev)
         phase, where, _ = _where(h, now)
         return [
