@@ -116,7 +116,8 @@ ${keys.ENV_BASE_DIR}. It signals, traces and pauses nothing.
             line = f"sglang-phasetrace: no run in {where} yet"
             return Startup("no_run", line, run=str(where), t=now).to_json() | {"processes": None}
         state = run_dir / STARTUP_FILE
-        if (why := untrusted(run_dir) or (os.path.lexists(state) and files.not_private(state) or None)) is not None:
+        why = untrusted(run_dir) or (files.not_private(state) if os.path.lexists(state) else None)
+        if why is not None:
             raise CommandError(f"refusing to read {run_dir}: {why}")  # what another user could write says nothing
         from ..verdicts.diagnose import Thresholds
 
