@@ -15,8 +15,9 @@ bound (a port in use) is one warning, and the launch goes on without it.
 
 Its cost is bounded whatever clients do (a probe must be answered within a second, Kubernetes'
 default): one thread running one asyncio event loop, HTTP parsed by ``h11`` (SGLang's environment
-ships it: uvicorn's parser). At most ``MAX_CONNECTIONS`` are open; one more closes the oldest that
-has not sent a whole request, so a probe that arrives is always read. A request must arrive whole
+ships it: uvicorn's parser). At most ``MAX_CONNECTIONS`` are open (a quarter of the descriptors
+where that is fewer: the launcher's own need theirs); one more closes the oldest (every answer is
+made and written at once, so none is being answered), so a probe that arrives is read. A request must arrive whole
 (line, headers, any body: at most ``REQUEST_BYTES_MAX``, headers ``HEADER_BYTES_MAX``) within
 ``REQUEST_TIMEOUT_S`` of the connection or of the previous answer, or the connection is closed: an
 idle or slowloris client holds a few kB for a few seconds. The listen backlog is ``BACKLOG``.
@@ -30,6 +31,7 @@ import json
 import logging
 import os
 import re
+import resource
 import socket
 import sys
 import threading
@@ -45,7 +47,7 @@ from ..verdicts.watchdog import Watchdog
 
 log = logging.getLogger("sglang_phasetrace")
 REQUEST_TIMEOUT_S = 5.0  # a whole request, from the connection (or the previous answer) to its last byte
-MAX_CONNECTIONS = 256  # open at once: a few kB each; more closes the oldest not yet answered
+MAX_CONNECTIONS = 1024  # open at once (a few kB each; at most a quarter of the descriptors): more closes the oldest
 HEADER_BYTES_MAX = 16 * 1024  # request line and headers (h11's bound on an event not yet whole)
 REQUEST_BYTES_MAX = 64 * 1024  # all a request may send, body included (a GET has none)
 WRITE_BUFFER_MAX = 256 * 1024  # answers a client has not read: one that asks and never reads is closed
@@ -148,7 +150,7 @@ class Endpoint:
         """Count ``conn`` in; one too many closes the oldest (none is being answered: an answer is
         made and written at once), so a probe that arrives is read whatever holds the others."""
         self.open[conn] = None
-        if len(self.open) > MAX_CONNECTIONS:
+        if len(self.open) > min(MAX_CONNECTIONS, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4):
             next(iter(self.open)).close()
 
     def shutdown(self) -> None:
