@@ -134,7 +134,8 @@ class Endpoint:
         self.started.wait(5.0)
 
     def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)  # this thread's only: no signal handler is installed, none is
+        asyncio.set_event_loop(self.loop)  # this thread's only: no signal handler is installed
+        self.loop.set_exception_handler(_quiet)  # nothing of ours in SGLang's log: asyncio's own logger stays out
         try:
             self.server = self.loop.run_until_complete(
                 self.loop.create_server(lambda: Connection(self), sock=self.sock, backlog=BACKLOG)
@@ -280,6 +281,10 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.close()
         self.transport = None
+
+
+def _quiet(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    log.debug("sglang-phasetrace: start-up endpoint: %s", context.get("exception") or context.get("message"))
 
 
 def _first_pass() -> str:
