@@ -369,3 +369,60 @@ def test_a_dp_controller_whose_ranks_still_import_holds_nothing(tmp_path: Path) 
     view = RunView(tmp_path).refresh(final=True)
     found = [f for f, _ in live(view, NOW, Thresholds(), {}, read=lambda p: busy if p.pid == 97 else None)]
     assert [f for f in found if f.alarm] == [], found
+
+
+# -- nothing trusted that another user wrote or could have written -------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["run", "journal", "state"])
+def test_probe_refuses_a_run_or_state_file_others_can_write_in_one_line(where: str, tmp_path: Path, capsys) -> None:
+    """A planted "serves" in a directory others may write (0777) is refused, not believed: exit 1, one line."""
+    Proc(tmp_path, 99, "launcher", "launcher", "launch.server").phase("launch.wait_ranks", 20).write()
+    _state(tmp_path, "serving", "sglang-phasetrace: the launch serves (planted)")
+    target = {"run": tmp_path, "journal": tmp_path / "journal", "state": tmp_path / STARTUP_FILE}[where]
+    target.chmod(0o777 if where != "state" else 0o666)
+    code = main(["probe", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 1 and out == "", out
+    mode = "666" if where == "state" else "777"
+    assert err == f"phasetrace probe: refusing to read {tmp_path}: {target} is writable by other users (mode {mode})\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a directory another user's needs root")
+def test_probe_and_status_refuse_a_run_directory_of_another_user(tmp_path: Path, capsys) -> None:
+    import pwd
+
+    uid = pwd.getpwnam("nobody").pw_uid
+    Proc(tmp_path, 99, "launcher", "launcher", "launch.server").phase("launch.wait_ranks", 20).write()
+    _state(tmp_path, "serving", "sglang-phasetrace: the launch serves (planted)")
+    os.chown(tmp_path, uid, -1)
+    why = f"refusing to read {tmp_path}: {tmp_path} is owned by uid {uid}, not by this user (uid {os.geteuid()})"
+    for verb in ("probe", "status", "timeline"):
+        code = main([verb, str(tmp_path)])
+        out, err = capsys.readouterr()
+        assert (code, out, err) == (1, "", f"phasetrace {verb}: {why}\n"), verb
+    os.chown(tmp_path, os.geteuid(), -1)
+    (tmp_path / STARTUP_FILE).chmod(0o600)
+    os.chown(tmp_path / STARTUP_FILE, uid, -1)
+    assert main(["probe", str(tmp_path)]) == 1
+    assert "is owned by uid" in capsys.readouterr().err
+
+
+def test_every_label_value_is_bounded_with_a_visible_marker_and_stays_distinct() -> None:
+    """A 5000-character process label (escaped correctly, but a 5 kB label) is cut to LABEL_MAX with
+    ``…`` and a digest: two labels that differ past the cut are still two series."""
+    import re
+
+    from sglang_phasetrace.tracing.render import prometheus
+
+    long1, long2 = "tp" + "x" * 5000, "tp" + "x" * 4999 + "y"
+    rows = [{"label": lab, "role": "rank", "state": "starting", "phase": "p" * 300, "rss": 1} for lab in (long1, long2)]
+    verdict = {"kind": "silent" * 50, "label": long1, "phase": '"\\' * 400, "line": "x"}
+    s = startup.Startup("stalled", "x", run_id="r" * 999, processes=rows, verdicts=[verdict])
+    body = prometheus.text(prometheus.registry(lambda: s)).decode()
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    values = [v for f in families.values() for smp in f.samples for v in smp.labels.values()]
+    assert values and max(len(v) for v in values) == prometheus.LABEL_MAX, max(len(v) for v in values)
+    cut = [v for v in values if len(v) == prometheus.LABEL_MAX]
+    assert all(re.search(r"…[0-9a-f]{8}$", v) for v in cut), cut
+    assert len({smp.labels["label"] for smp in families["phasetrace_process_state"].samples}) == 2

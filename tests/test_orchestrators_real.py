@@ -62,7 +62,9 @@ class Server:
     """``python -m sglang.launch_server`` tp=2 on CPU under the hook and the plants, its own process
     group, its launcher's start-up endpoint on ``http_port``."""
 
-    def __init__(self, tmp: Path, model: Path, http_port: int, plant: dict[str, str], engine: bool = False) -> None:
+    def __init__(
+        self, tmp: Path, model: Path, http_port: int, plant: dict[str, str], engine: bool = False, args: tuple = ()
+    ) -> None:
         self.base = tmp / "runs"
         env = hook_env(self.base, {keys: value for keys, value in plant.items()})
         env["PYTHONPATH"] = os.pathsep.join((str(HOOKS), str(PLANTS)))
@@ -79,7 +81,7 @@ class Server:
         else:
             self.port = free_port()
             command = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--device", "cpu",
-                       "--tp-size", "2", "--max-total-tokens", "4096", "--port", str(self.port)]  # fmt: skip
+                       "--tp-size", "2", "--max-total-tokens", "4096", "--port", str(self.port), *args]  # fmt: skip
         self.err = tmp / "launch.err"
         with open(self.err, "w") as err:
             self.proc = subprocess.Popen(command, env=env, cwd=tmp, stdin=subprocess.DEVNULL, stdout=err,
@@ -155,19 +157,57 @@ def test_prometheus_scrapes_a_slow_start_that_keeps_passing_until_it_serves(
 def test_a_planted_stall_fails_the_probe_and_the_http_probe_with_the_verdict(
     launched, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """At ``--log-level warning``, and with hostile clients on the endpoint from its opening to the
+    verdict (300 idle, 20 slowloris, 20 header floods, each reopened once closed: issue 47): every
+    HTTP probe is answered within a second, the launcher's threads stay flat and its RSS near, the
+    slowloris clients are closed, the endpoint's URL is said once, and the verdict comes as without."""
+    bench = _bench_endpoint()
     http = free_port()
-    server = launched(http, {"PLANT_STALL_PHASE_TP_RANK": "1"})
+    server = launched(http, {"PLANT_STALL_PHASE_TP_RANK": "1"}, args=("--log-level", "warning"))
     deadline = time.monotonic() + 300
-    code, doc = server.probe(capsys)
-    while code in (0, 7) and time.monotonic() < deadline and server.proc.poll() is None:  # 7: no run yet
-        time.sleep(1.0)
+    while http_get(f"http://127.0.0.1:{http}/startup/probe", 5.0)[0] == 0:  # the endpoint opens at the launch root
+        assert time.monotonic() < deadline and server.proc.poll() is None, server.err.read_text()[-4000:]
+        time.sleep(0.2)
+    threads0, rss0 = bench.proc_status(server.proc.pid)
+    hostile = bench.Hostile(http, idle=300, slow=20, flood=20, seconds=300).start()
+    probes: list[float | None] = []
+    try:
         code, doc = server.probe(capsys)
+        while code in (0, 7) and time.monotonic() < deadline and server.proc.poll() is None:  # 7: no run yet
+            probes.append(bench.timed_get(http, "/startup/probe"))
+            if len(probes) == 10:
+                threads1, rss1 = bench.proc_status(server.proc.pid)
+            time.sleep(1.0)
+            code, doc = server.probe(capsys)
+        if len(probes) < 10:
+            threads1, rss1 = bench.proc_status(server.proc.pid)
+        closed = dict(hostile.closed_by_server)
+    finally:
+        hostile.stop()
+    print(f"\nunder abuse: probes {[round(t, 3) if t else t for t in probes]}; threads {threads0} -> {threads1}; "
+          f"RSS {rss0 >> 20} -> {rss1 >> 20} MiB; closed by the endpoint {closed}")  # fmt: skip
     assert (code, doc["state"]) == (3, "stalled"), doc
+    assert all(t is not None and t < 1.0 for t in probes), probes
+    assert threads1 - threads0 <= 4 and rss1 - rss0 <= 48 << 20, (threads0, threads1, rss0, rss1)
+    assert closed["slow"] >= 20 and closed["flood"] >= 20, closed
+    said = [line for line in server.err.read_text().splitlines() if "start-up endpoint" in line]
+    assert said == [f"sglang-phasetrace: start-up endpoint on http://127.0.0.1:{http}/metrics"], said
     assert doc["line"].startswith("sglang-phasetrace: STALL rank tp1 (pid ") and "'attention.init'" in doc["line"], doc
     status, _, body = http_get(f"http://127.0.0.1:{http}/startup/probe", 5.0)
     assert status == 503 and body.startswith("sglang-phasetrace: STALL rank tp1 (pid "), body
     _, _, metrics = http_get(f"http://127.0.0.1:{http}/metrics", 5.0)
     assert re.search(r'^phasetrace_start_verdict\{kind="\w+",label="tp1",phase="attention.init"\} 1\.0$', metrics, re.M)
+
+
+def _bench_endpoint():
+    """``scripts/bench_endpoint.py``: its hostile clients and timed requests."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_endpoint", ROOT / "scripts" / "bench_endpoint.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules.setdefault("bench_endpoint", module)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
 
 @requires_sglang

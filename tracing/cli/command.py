@@ -66,9 +66,10 @@ def where(exc: BaseException) -> str:
     return f" at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
 
 
-def check_run_dir(path: str | Path, journal: bool = True) -> Path:
+def check_run_dir(path: str | Path, journal: bool = True, doing: str = "read") -> Path:
     """``path`` as a run directory, or a ``CommandError`` saying why not: missing, a file,
-    unreadable, or (``journal``) without a readable ``journal/`` inside."""
+    unreadable, (``journal``) without a readable ``journal/`` inside, or not this user's alone
+    (``untrusted``: ``refusing to DOING PATH: why``)."""
     path = Path(path)
     for where, what in ((path, "run directory"), (path / JOURNAL_DIR, "journal directory")):
         try:
@@ -89,7 +90,22 @@ def check_run_dir(path: str | Path, journal: bool = True) -> Path:
             raise CommandError(f"{where}: not a phasetrace run directory (not a directory)")
         if not journal:
             break
+    if (why := untrusted(path)) is not None:
+        raise CommandError(f"refusing to {doing} {path}: {why}")
     return path
+
+
+def untrusted(run_dir: str | Path) -> str | None:
+    """Why what ``run_dir`` holds is no ground for anything we say or do (``files.not_private`` of
+    the directory a link leads to and of its ``journal/``): another user's (other than root), or
+    writable by group or others, so anyone could have planted its files. None: this user's alone.
+    Every verb that reads a run directory asks this (``check_run_dir``, ``phasetrace probe``)."""
+    real = Path(os.path.realpath(run_dir))
+    for path in (real, real / JOURNAL_DIR):
+        if path == real or os.path.lexists(path):
+            if (why := files.not_private(path)) is not None:
+                return why
+    return None
 
 
 def newest_run(base: str | Path, most: int = 10_000) -> Path | None:

@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import keys, other_processes
+from .. import files, keys, other_processes
 from ..journal.layout import JOURNAL_DIR, STARTUP_FILE
 from ..journal.tail import read_regular
 from ..redact import printable
 from ..verdicts.startup import CODES, Startup
-from .command import CommandError, newest_run
+from .command import CommandError, newest_run, untrusted
 
 STATE_MAX = 1 << 20  # a state file is a few kB; more is not ours
 STILL_STARTING = 9  # ``--wait``: the time given ran out while the start progresses
@@ -115,6 +115,10 @@ ${keys.ENV_BASE_DIR}. It signals, traces and pauses nothing.
             where = run_dir or Path(os.environ.get(keys.ENV_BASE_DIR) or keys.DEFAULT_BASE_DIR)
             line = f"sglang-phasetrace: no run in {where} yet"
             return Startup("no_run", line, run=str(where), t=now).to_json() | {"processes": None}
+        state = run_dir / STARTUP_FILE
+        why = untrusted(run_dir) or (files.not_private(state) if os.path.lexists(state) else None)
+        if why is not None:
+            raise CommandError(f"refusing to read {run_dir}: {why}")  # what another user could write says nothing
         from ..verdicts.diagnose import Thresholds
 
         th = Thresholds.from_env()

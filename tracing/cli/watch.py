@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import time
 from pathlib import Path
 
-from .. import files
-from ..journal.layout import JOURNAL_DIR
 from ..journal.writer import JournalWriter
 from ..redact import printable
 from ..verdicts.diagnose import Thresholds
 from ..verdicts.watchdog import Watchdog
-from .command import EXIT_STALLED, CommandError, check_run_dir, own_journal, report_problems
+from .command import EXIT_STALLED, check_run_dir, own_journal, report_problems
 
 
 class Watch:
@@ -67,8 +64,8 @@ example:  phasetrace watch phasetrace-runs/20261129-101500-ab12cd --stall-s 60
         parser.add_argument("--no-py-spy", action="store_true", help="faulthandler stacks only")
 
     def run(self, args: argparse.Namespace) -> int:
-        run_dir = check_run_dir(args.run_dir, journal=False)  # a launch about to start may not have one yet
-        refuse_unsafe(run_dir)
+        # a launch about to start may not have a journal yet; what others could write is no ground to signal
+        run_dir = check_run_dir(args.run_dir, journal=False, doing="watch")
         th = dataclasses.replace(  # the environment's thresholds (blocked, busy …), the flags over them
             Thresholds.from_env(),
             heartbeat_s=args.interval,
@@ -98,19 +95,6 @@ example:  phasetrace watch phasetrace-runs/20261129-101500-ab12cd --stall-s 60
             if writer is not None:
                 writer.close()
         return EXIT_STALLED if stalled else 0
-
-
-def refuse_unsafe(run_dir: Path) -> None:
-    """A ``CommandError`` naming the path when the run directory or its ``journal/`` is not this
-    user's alone (another user's, writable by others, ``journal/`` a link): what such a directory
-    says is no ground to signal a process, nor a place to write stacks. ``stacks/`` is checked
-    where stacks are written (a warning, the watch goes on)."""
-    real = Path(os.path.realpath(run_dir))
-    for path in (real, real / JOURNAL_DIR):
-        if path == real or os.path.lexists(path):
-            why = files.not_private(path)
-            if why is not None:
-                raise CommandError(f"refusing to watch {run_dir}: {why}")
 
 
 def open_journal(run_dir: Path) -> JournalWriter | None:

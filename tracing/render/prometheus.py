@@ -6,11 +6,14 @@ predicted seconds to ready and their p95 (absent without history), each standing
 labelled gauge, processes by role and state. Per process (``label``, ``role``): its state and current
 phase (as labels of a gauge of 1), seconds in that phase, heartbeat age, progress, CPU, RSS,
 threads, GPU figures where the heartbeat carries them. Verdict text is never a label (it may be
-long, and it is free text): the verdict's kind, process and phase are.
+long, and it is free text): the verdict's kind, process and phase are. Every label value is bounded
+(``bound``): a longer one is cut with a visible ``…`` and a digest of the whole, so two long ones stay
+two series, and cardinality grows with the launch's processes only.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,6 +24,7 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric, 
 from ..verdicts.startup import STATES, Startup
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LABEL_MAX = 128  # characters of a label value: a process label or phase is far shorter; more is not a name
 PROC = ["label", "role"]
 # per-process gauges: (row key, metric name, help)
 FIGURES = (
@@ -51,7 +55,7 @@ class StartupCollector:
         state.add_metric([], {name: name == s.state for name in STATES})
         yield state
         info = InfoMetricFamily("phasetrace_start", "The run this start is.")
-        info.add_metric([], {"run": s.run_id})
+        info.add_metric([], {"run": bound(s.run_id)})
         yield info
         yield _gauge("phasetrace_start_probe_code", "What `phasetrace probe` exits with now.", s.code)
         if s.since_s is not None:
@@ -73,9 +77,22 @@ class StartupCollector:
             "phasetrace_start_verdict", "A standing verdict: 1 per verdict.", labels=["kind", "label", "phase"]
         )
         for v in s.verdicts:
-            verdicts.add_metric([v["kind"], v["label"] or "", v["phase"] or ""], 1)
+            verdicts.add_metric(_labels(v["kind"], v["label"], v["phase"]), 1)
         yield verdicts
         yield from _processes(s.processes)
+
+
+def bound(value: str) -> str:
+    """``value`` whole when it has at most ``LABEL_MAX`` characters; else its start, ``…`` and 8 hex
+    digits of its digest (``LABEL_MAX`` in all): visibly cut, and two cut values stay distinct."""
+    if len(value) <= LABEL_MAX:
+        return value
+    digest = hashlib.blake2s(value.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
+    return f"{value[: LABEL_MAX - 9]}…{digest}"
+
+
+def _labels(*values: str | None) -> list[str]:
+    return [bound(v or "") for v in values]
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -86,21 +103,21 @@ def _processes(rows: list[dict[str, Any]]) -> Iterator[Metric]:
     counts = GaugeMetricFamily("phasetrace_start_processes", "Processes of the launch by role and state.",
                                labels=["role", "state"])  # fmt: skip
     for (role, st), n in sorted(Counter((r["role"], r["state"]) for r in rows).items()):
-        counts.add_metric([role, st], n)
+        counts.add_metric(_labels(role, st), n)
     yield counts
     state = GaugeMetricFamily("phasetrace_process_state", "A process's state: 1.", labels=[*PROC, "state"])
     phase = GaugeMetricFamily("phasetrace_process_phase", "A process's current phase: 1.", labels=[*PROC, "phase"])
     for r in rows:
-        state.add_metric([r["label"], r["role"], r["state"]], 1)
+        state.add_metric(_labels(r["label"], r["role"], r["state"]), 1)
         if r["phase"]:
-            phase.add_metric([r["label"], r["role"], r["phase"]], 1)
+            phase.add_metric(_labels(r["label"], r["role"], r["phase"]), 1)
     yield state
     yield phase
     for key, name, doc in FIGURES:
         family = GaugeMetricFamily(name, doc, labels=PROC)
         for r in rows:
             if r.get(key) is not None:
-                family.add_metric([r["label"], r["role"]], r[key])
+                family.add_metric(_labels(r["label"], r["role"]), r[key])
         yield family
 
 
