@@ -98,7 +98,15 @@ def serving(frames: list[dict[str, Any]], phase: Phase | None) -> bool:
     """In its event loop: a ``loop`` phase, or a frame SGLang's loops are named by."""
     if phase is not None and phase.kind == "loop":
         return True
-    return any(_LOOP.match(str(f.get("name", "")).rsplit(".", 1)[-1]) for f in frames)
+    return loop_frame(frames) is not None
+
+
+def loop_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The frame of its event loop (a scheduler's ``event_loop_*``, uvicorn's server), if it is in one."""
+    for f in frames:
+        if _LOOP.match(str(f.get("name", "")).rsplit(".", 1)[-1]) or "uvicorn/server.py" in str(f.get("filename")):
+            return f
+    return None
 
 
 def collective(frames: list[dict[str, Any]], native_frames: list[dict[str, Any]] = ()) -> Collective | None:

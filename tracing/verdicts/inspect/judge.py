@@ -20,7 +20,7 @@ from ..evidence.proc import age_s
 from ..hints import for_finding
 from ..voice import said
 from . import extras
-from .frames import Collective, Phase, PhaseMap, Targets, collective, serving, short
+from .frames import Collective, Phase, PhaseMap, Targets, collective, loop_frame, serving, short
 from .launch import Launch, Member
 from .sample import Sampled, gil, main_frames, python_frames, sample, stayed, text
 
@@ -162,7 +162,7 @@ def seen_of(m: Member, s: Sampled, where: PhaseMap, locks: Any, launch_pids: set
         io_bytes=io,
         phase=phase,
         collective=coll,
-        top=printable(_frame(py[0])) if py else None,
+        top=printable(_frame(loop_frame(py) if state == "serving" and loop_frame(py) else py[0])) if py else None,
         native_top=printable(native_top) if native_top else None,
         gil=gil(s),
         stack=redact_text(stack, limit=None),
@@ -189,7 +189,7 @@ def inspect(launch: Launch, targets: Targets, exe: str | None, window_s: float =
     report = Report(launch, seen, "", "", 0, window_s=window_s, health=health, health_url=url)
     report.log = extras.log_silence(pids)
     report.traced = extras.traced(pids)
-    problems = [d.problem for s in sampled.values() for d in s.dumps]
+    problems = [d.problem for s in sampled.values() if all(d.threads is None for d in s.dumps) for d in s.dumps]
     if exe is None:
         report.notes.append("py-spy is not installed (pip install py-spy): no stacks; judged from /proc alone")
     elif "refused" in problems:

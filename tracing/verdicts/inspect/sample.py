@@ -87,6 +87,12 @@ def py_spy_exe() -> str | None:
 
 
 def dump(exe: str | None, pid: int, native: bool = False) -> Dump:
+    """``read`` once more where a non-blocking read caught the process mid-change."""
+    got = read(exe, pid, native)
+    return read(exe, pid, native) if got.problem == "failed" and not native else got
+
+
+def read(exe: str | None, pid: int, native: bool = False) -> Dump:
     """One ``py-spy dump --json`` of ``pid``: non-blocking unless ``native`` (py-spy cannot read
     native frames without pausing the process for the dump; that one is cut short, py-spy ending
     detaches it, after ``NATIVE_TIMEOUT_S``)."""
