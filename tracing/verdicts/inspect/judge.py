@@ -280,10 +280,11 @@ def judge(report: Report) -> None:
     launcher = report.seen[0]
     if gone:
         s = gone[0]
-        how = "is a zombie (it exited; its parent has not collected it)" if s.member.zombie else "ended"
+        zombie = "is a zombie (it exited; its parent has not collected it)"
+        how = zombie if s.member.zombie else "ended while it was read"
         others = [g for g in gone[1:]]
         tail = f"; also gone: {', '.join(_who(g) for g in others)}" if others else ""
-        _speak(report, "died", s, f"{_who(s)} {how} while the launch of pid {launcher.member.pid} runs{tail}", gone)
+        _speak(report, "died", s, f"{_who(s)} {how} (launch pid {launcher.member.pid}){tail}", gone)
         report.exit_code = EXIT_FAILED
         return
     if ranks and all(s.state == "serving" for s in ranks):
