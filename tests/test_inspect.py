@@ -138,7 +138,8 @@ def test_py_spy_missing_or_refused_judges_from_proc_alone(stand_in, tmp_path: Pa
     assert "py-spy is not installed (pip install py-spy): no stacks; judged from /proc alone" in missing.stdout
     assert missing.stdout.startswith("sglang-phasetrace: STALL no rank moved in 1 s (no stacks: from /proc alone)")
     fake = tmp_path / "py-spy"
-    fake.write_text('#!/bin/sh\necho "Error: Failed to suspend process: Operation not permitted (os error 1)" >&2\nexit 1\n')
+    refusal = "Error: Failed to suspend process: Operation not permitted (os error 1)"
+    fake.write_text(f'#!/bin/sh\necho "{refusal}" >&2\nexit 1\n')  # what py-spy says without ptrace
     fake.chmod(0o700)
     refused = inspect(str(ranks[1]), "--window", "1", "--py-spy", str(fake))
     no_traceback(refused)
