@@ -1,7 +1,8 @@
 """A launch's processes sampled over a short window from outside: ``/proc`` counters at both ends,
 ``py-spy dump --nonblocking`` (the process is never paused) at the start, the middle and the end,
-then one ``py-spy dump --native`` (paused for that dump only) of each process whose stack did not
-move, for the native call it sits in. Every dump of a round runs at once, one py-spy per process,
+and from the middle on one ``py-spy dump --native`` (paused for that dump only) of each process whose
+stack had not moved and the caller suspects, for the native call it sits in (kept only if the last
+round shows it still there). Every dump of a round runs at once, one py-spy per process,
 so eight processes cost what one does. Nothing is signalled or written into any process."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,12 +52,14 @@ class Sampled:
     last: Counters
     dumps: list[Dump] = field(default_factory=list)
     native: Dump | None = None
+    paused: Counters | None = None  # when its native dump began: the CPU after it is py-spy's pause
 
     @property
     def cpu_pct(self) -> float | None:
-        if self.first.ticks is None or self.last.ticks is None or self.last.t <= self.first.t:
+        end = self.paused if self.paused is not None and self.paused.t > self.first.t + 0.2 else self.last
+        if self.first.ticks is None or end.ticks is None or end.t <= self.first.t:
             return None
-        return max(0.0, (self.last.ticks - self.first.ticks) / TICK / (self.last.t - self.first.t) * 100)
+        return max(0.0, (end.ticks - self.first.ticks) / TICK / (end.t - self.first.t) * 100)
 
     @property
     def io_bytes(self) -> int | None:
@@ -131,7 +134,8 @@ def sample(
     for (``exe``: py-spy; None: not installed, the counters only)."""
     out = {pid: Sampled(pid, counters(pid), Counters(0.0)) for pid in pids}
     start = time.monotonic()
-    with ThreadPoolExecutor(max_workers=max(1, len(pids))) as pool:
+    natives: dict[int, Future[Dump]] = {}
+    with ThreadPoolExecutor(max_workers=max(1, 2 * len(pids))) as pool:
         for n in range(max(1, rounds)):
             if n:
                 time.sleep(max(0.0, start + window_s * n / max(1, rounds - 1) - time.monotonic()))
@@ -140,11 +144,16 @@ def sample(
             if exe is None and rounds > 1:  # nothing to sample but the counters: wait out the window
                 time.sleep(max(0.0, start + window_s - time.monotonic()))
                 break
+            if n == max(1, rounds - 2) and native is not None:  # mid-window: the native dumps run beside the rest
+                for pid in pids:
+                    if stayed(out[pid]) and native(out[pid]):
+                        out[pid].paused = counters(pid)
+                        natives[pid] = pool.submit(dump, exe, pid, True)
         for pid in pids:
             out[pid].last = counters(pid)
-        still = [p for p in pids if native is not None and exe is not None and stayed(out[p]) and native(out[p])]
-        for pid, got in zip(still, pool.map(lambda p: dump(exe, p, native=True), still), strict=True):
-            out[pid].native = got
+        for pid, future in natives.items():
+            got = future.result()
+            out[pid].native = got if stayed(out[pid]) else None  # it moved after all: that native dump is stale
     return out
 
 
