@@ -185,15 +185,18 @@ def find(pids: list[int], uid: int | None = None) -> list[Launch]:
                     "nothing of it is left to read",
                     4,
                 )
-            root = launcher_of(pid, table)
             if not titled(table.cmd.get(pid, "")) and not looks_like_launcher(pid, table):
                 shown = table.cmd.get(pid, "")[:80] or "(no command line)"
                 raise NotInspectable(
                     f"pid {pid} is not an SGLang process ({shown}): no process named {TITLE}* below it, "
                     "and its command line does not run SGLang"
                 )
-            if root not in launchers:
-                launchers.append(root)
+            roots = [launcher_of(pid, table)]
+            if roots[0] == pid and not _LAUNCHER_CMD.search(table.cmd.get(pid, "")):
+                # a shell or a job runner above a launch: the launches below it, not itself
+                below = [p for p in table.below(pid) if titled(table.cmd.get(p, ""))]
+                roots = list(dict.fromkeys(launcher_of(p, table) for p in below)) or roots
+            launchers += [r for r in roots if r not in launchers]
     else:
         me = os.getuid() if uid is None else uid
         for pid, cmd in sorted(table.cmd.items()):
