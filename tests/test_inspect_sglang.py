@@ -120,6 +120,7 @@ def test_engine_rank_blocked_in_get_embed_and_head_is_named_with_its_peer_in_the
     assert first.startswith(f"sglang-phasetrace: STALL tp1 (pid {engine['tp1']}) is in 'eagle.get_embed_and_head' (")
     assert ", idle;" in first and "tp0 waits in a barrier (GroupCoordinator.barrier" in first
     assert "on the TP group" in first
+    assert done.stdout.splitlines()[1].startswith("sglang-phasetrace: HINT (not a verdict) EAGLE draft init")
     doc = json.loads(inspect(str(engine["proc"].pid), "--json").stdout)  # the launcher: the same launch
     launch = doc["launches"][0]
     procs = {p["label"]: p for p in launch["processes"]}
