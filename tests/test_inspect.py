@@ -33,7 +33,8 @@ if sys.argv[2] == "zombie":  # the ranks end and are never collected
     time.sleep(600)
 for r in ranks:
     r.wait()
-time.sleep(600)
+if sys.argv[2] != "end":  # else the whole launch ends with its ranks
+    time.sleep(600)
 """
 
 
@@ -73,9 +74,9 @@ def stand_in(tmp_path: Path) -> Iterator:
     """Start a stand-in launch: ``start(rank_seconds, env)`` -> (launcher, [tp0, tp1])."""
     started: list[subprocess.Popen] = []
 
-    def start(rank_s: str = "600", env: dict[str, str] | None = None) -> tuple[int, list[int]]:
+    def start(rank_s: str = "600", env: dict[str, str] | None = None, mode: str = "") -> tuple[int, list[int]]:
         proc = subprocess.Popen(
-            [sys.executable, "-c", LAUNCHER, rank_s if rank_s != "zombie" else "1.5", rank_s, RANK],
+            [sys.executable, "-c", LAUNCHER, rank_s if rank_s != "zombie" else "1.5", mode or rank_s, RANK],
             env={**os.environ, **(env or {})},
             stdout=subprocess.DEVNULL,
             start_new_session=True,
@@ -128,6 +129,14 @@ def test_a_rank_that_ends_while_it_is_read(stand_in) -> None:
     assert done.returncode == 4, done.stdout + done.stderr
     assert done.stdout.startswith("sglang-phasetrace: DIED tp0 (pid"), done.stdout
     assert "ended while it was read" in done.stdout.splitlines()[0]
+
+
+def test_a_launch_that_ends_while_it_is_read(stand_in) -> None:
+    launcher, _ = stand_in("3", mode="end")
+    done = inspect(str(launcher))
+    no_traceback(done)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.startswith(f"sglang-phasetrace: ended: launch pid {launcher} ended while it was read")
 
 
 def test_py_spy_missing_or_refused_judges_from_proc_alone(stand_in, tmp_path: Path) -> None:

@@ -141,7 +141,8 @@ every SGLang launch of this user. Exits 0 serving or progressing, {EXIT_STALLED}
         targets, exe = phase_targets(), _exe(args.py_spy)
         reports = [inspect(launch, targets, exe, window_s=args.window) for launch in launches]
         text = "\n\n".join(render(r) for r in reports)
-        code = max((r.exit_code for r in reports), key=lambda c: {EXIT_FAILED: 2, EXIT_STALLED: 1}.get(c, 0))
+        judged = [r.exit_code for r in reports if r.word != "ended"] or [1]  # 1: every launch ended meanwhile
+        code = max(judged, key=lambda c: {EXIT_FAILED: 2, EXIT_STALLED: 1}.get(c, 0))
         if args.json:
             print(json.dumps({"exit_code": code, "launches": [redact(r.to_json()) for r in reports]}, indent=1))
         else:

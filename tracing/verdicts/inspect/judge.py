@@ -24,7 +24,7 @@ from .frames import Collective, Phase, PhaseMap, Targets, collective, loop_frame
 from .launch import Launch, Member
 from .sample import Sampled, gil, main_frames, python_frames, sample, stayed, text
 
-EXIT_OK, EXIT_STALLED, EXIT_FAILED = 0, 3, 4
+EXIT_OK, EXIT_ERROR, EXIT_STALLED, EXIT_FAILED = 0, 1, 3, 4
 BUSY_PCT = 50.0  # CPU over the window above which a process that stays in one frame is busy
 IO_BYTES = 1 << 20  # read or written over the window: it moves (loading weights)
 SPIN_SILENT_S = 600.0  # a rank busy in one frame with peers waiting is a stall once the log is this silent
@@ -274,10 +274,15 @@ def _speak(report: Report, kind: str, named: Seen, message: str, involved: list[
 
 
 def judge(report: Report) -> None:
-    """The verdict: DIED (4), STALL (3), else serving / progressing / a NOTICE (0)."""
+    """The verdict: DIED (4), STALL (3), else serving / progressing / a NOTICE (0); a launch gone
+    altogether while it was read is no verdict (1)."""
     ranks = [s for s in report.seen if s.member.role == "scheduler"]
     gone = [s for s in report.seen if s.state == "gone" and s.member.role in ("scheduler", "launcher")]
     launcher = report.seen[0]
+    if all(s.state == "gone" for s in report.seen):  # the whole launch stopped: nothing left to judge
+        report.word, report.exit_code = "ended", EXIT_ERROR
+        report.line = printable(f"{PREFIX} ended: launch pid {launcher.member.pid} ended while it was read")
+        return
     if gone:
         s = gone[0]
         zombie = "is a zombie (it exited; its parent has not collected it)"
