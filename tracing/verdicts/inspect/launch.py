@@ -83,6 +83,7 @@ class Table:
 
     parent: dict[int, int] = field(default_factory=dict)
     cmd: dict[int, str] = field(default_factory=dict)
+    _kids: dict[int, list[int]] = field(default_factory=dict)
 
     @classmethod
     def read(cls) -> Table:
@@ -96,7 +97,10 @@ class Table:
         return table
 
     def children(self, pid: int) -> list[int]:
-        return sorted(p for p, pp in self.parent.items() if pp == pid)
+        if not self._kids:
+            for p, pp in sorted(self.parent.items()):
+                self._kids.setdefault(pp, []).append(p)
+        return self._kids.get(pid, [])
 
     def below(self, pid: int) -> list[int]:
         out, todo = [], [pid]
