@@ -37,6 +37,7 @@ VERBS = {
     "export": ("export", "Export"),
     "bundle": ("bundle", "BundleCommand"),
     "doctor": ("doctor", "Doctor"),
+    "inspect": ("inspect", "Inspect"),
     "env": ("env", "Env"),
 }
 

@@ -25,6 +25,15 @@ def check_json(plan: Any) -> dict[str, Any]:
     }
 
 
+def phase_targets() -> dict[str, tuple[str, str]]:
+    """Every patch target (``module:qualname``, ``*:attr``) -> (its phase, the phase's kind): how
+    ``phasetrace inspect`` names the phase of a frame it read with py-spy. Here because doctor is
+    where the CLI meets the patch tables (``tracing/`` imports ``patches/`` nowhere else)."""
+    from ... import patches
+
+    return {t: (p.name, p.kind) for p in patches.table_phases() for t in p.targets}
+
+
 class Check:
     """What the table shows of a phase (``render.doctor_table``)."""
 

@@ -194,6 +194,16 @@ HINTS: tuple[Pattern, ...] = (
         "sgl-project/sglang#30944, #10088",
     ),
     Pattern(
+        "eagle_embed_head",
+        ("eagle.get_embed_and_head", "eagle.set_embed*", "eagle.init_lm_head"),
+        STALLS,
+        "EAGLE draft init, the draft sharing the target's embedding and LM head: one rank stopped there while its "
+        "peers wait in a collective is a collective only some ranks entered (the draft's sub-communicator on its "
+        "first use). Start once without the draft (no --speculative-algorithm) to confirm; every rank needs the "
+        "same --speculative-* arguments and draft model",
+        "sgl-project/sglang#29144, #4417",
+    ),
+    Pattern(
         "custom_all_reduce",
         ("dist.custom_all_reduce",),
         STALLS | {"failed"},
