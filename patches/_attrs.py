@@ -83,5 +83,6 @@ def server_args_attrs(server_args: Any) -> dict[str, Any]:
         "sglang.dp_size": read(server_args, "dp_size"),
         "sglang.ep_size": read(server_args, "ep_size"),
         "sglang.speculative_algorithm": read(server_args, "speculative_algorithm"),
+        keys.TOKENIZER_WORKERS: read(server_args, "tokenizer_worker_num"),
         "sglang.server_args": server_args_json(server_args),
     }

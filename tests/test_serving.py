@@ -681,26 +681,33 @@ def test_the_server_is_ready_when_sglang_says_it_is_up_at_any_log_level(
 
 
 def test_a_launch_serves_when_all_its_tokenizer_workers_came_up(tmp_path: Path) -> None:
-    """``--tokenizer-worker-num 2``: each worker warms the server up, the launcher never does."""
+    """``--tokenizer-worker-num 2``: each worker warms the server up, the launcher never does; the
+    launch serves once as many as it starts came up (a worker uvicorn replaced does not count)."""
     from handmade_runs import NOW, Proc
+    from sglang_phasetrace.tracing.other_processes import this_host
     from sglang_phasetrace.tracing.verdicts.watchdog import served_by_workers
 
     run_dir = tmp_path / "run"
+    host = this_host()
 
     def worker(pid: int, up: bool | None, ago: float = 1) -> None:
-        proc = Proc(run_dir, pid, "tokenizer", f"tokenizer-{pid}", keys.PHASE_PROCESS, 30).phase(
-            keys.PHASE_WAIT_READY, 20
-        )
+        proc = Proc(run_dir, pid, "tokenizer", f"tokenizer-{pid}", keys.PHASE_PROCESS, 30, host=host)
+        proc.phase(keys.PHASE_WAIT_READY, 20)
         if up is not None:
             span = proc.records[-1]["span"]
             proc.records.append(records.end(NOW - int(ago * S), span, "ok", {keys.SERVER_READY: up}))
         proc.write()
 
-    Proc(run_dir, 10, "launcher", "launcher", keys.PHASE_LAUNCH_SERVER, 40).write()
-    worker(11, True, ago=3)
-    worker(12, None)
+    launcher = Proc(run_dir, 10, "launcher", "launcher", keys.PHASE_LAUNCH_SERVER, 40, host=host)
+    launcher.records[-1]["attrs"][keys.TOKENIZER_WORKERS] = 2
+    launcher.write()
+    first, second, replaced = os.getpid(), os.getppid(), 2**22 + 7  # two running, one gone
+    worker(first, True, ago=3)
+    assert served_by_workers(load_run(run_dir)) is None  # one of two
+    worker(replaced, None)  # died in its start: uvicorn replaced it
+    worker(second, None)
     assert served_by_workers(load_run(run_dir)) is None  # one still warms up
-    worker(12, True, ago=2)
+    worker(second, True, ago=2)
     assert served_by_workers(load_run(run_dir)) == NOW - 2 * S  # the last one up
-    worker(12, False)
+    worker(second, False)
     assert served_by_workers(load_run(run_dir)) is None  # one failed: the launch does not serve

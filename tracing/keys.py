@@ -45,6 +45,7 @@ SNAPSHOT = "phasetrace.snapshot"  # on spans a snapshot export closed for the re
 # On ``server.wait_ready``: the server came up (SGLang's ``server_status``); a tokenizer worker's says,
 # with ``--tokenizer-worker-num`` > 1, that the launch serves (its launcher never warms up itself).
 SERVER_READY = "sglang.server_ready"
+TOKENIZER_WORKERS = "sglang.tokenizer_worker_num"  # on the launch root: how many must come up
 GROUP_NAME = "sglang.group_name"  # a communication group: phases per group are told apart
 IS_DRAFT = "sglang.is_draft"  # a speculative draft model's phase, told apart from the target's
 SERVER_ARGS = "sglang.server_args"  # the launch's server arguments, redacted JSON (``patches/_attrs``)

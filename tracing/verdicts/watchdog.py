@@ -60,18 +60,30 @@ def pinned(proc: ProcessRec) -> other_processes.Pinned | None:
 
 def served_by_workers(run: RunView) -> int | None:
     """With ``--tokenizer-worker-num`` > 1 SGLang warms the server up in each tokenizer worker, never
-    in the launcher: the launch serves once every worker that began ``server.wait_ready`` ended it
-    with the server up (SGLang's ``server_status``). When the last one did (ns), or None."""
-    last = None
+    in the launcher: the launch serves once as many workers as it starts (its root says how many)
+    ended ``server.wait_ready`` with the server up (SGLang's ``server_status``), and none still warms
+    up or came up failed. A worker that ended before (uvicorn replaces one that misses its health
+    check) does not count. When the last one came up (ns), or None."""
+    launcher = next((p for p in run.processes if p.role == "launcher" and p.remote is None), None)
+    root = launcher.root if launcher is not None else None
+    want = root.attrs.get(keys.TOKENIZER_WORKERS) if root is not None else None
+    last, up = None, 0
     for proc in run.processes:
         if not proc.helper or proc.remote is not None:
             continue
-        for span in proc.spans.values():
-            if span.phase != keys.PHASE_WAIT_READY:
-                continue
-            if span.end is None or span.attrs.get(keys.SERVER_READY) is not True:
-                return None
-            last = max(last or 0, span.end)
+        warm = [s for s in proc.spans.values() if s.phase == keys.PHASE_WAIT_READY]
+        if not warm:
+            continue
+        span = warm[-1]
+        if span.end is None:
+            if proc.exit is None and running(proc):
+                return None  # it still warms up
+            continue
+        if span.attrs.get(keys.SERVER_READY) is not True:
+            return None
+        up, last = up + 1, max(last or 0, span.end)
+    if last is None or (type(want) is int and up < want):
+        return None
     return last
 
 
