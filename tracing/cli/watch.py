@@ -67,7 +67,7 @@ example:  phasetrace watch phasetrace-runs/20261129-101500-ab12cd --stall-s 60
         parser.add_argument("--no-py-spy", action="store_true", help="faulthandler stacks only")
 
     def run(self, args: argparse.Namespace) -> int:
-        run_dir = check_run_dir(args.run_dir, journal=False)  # a launch about to start may not have one yet
+        run_dir = check_run_dir(args.run_dir)  # it writes its journal there: never into what is not a run
         refuse_unsafe(run_dir)
         th = dataclasses.replace(  # the environment's thresholds (blocked, busy …), the flags over them
             Thresholds.from_env(),
