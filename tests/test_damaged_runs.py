@@ -1,0 +1,164 @@
+"""Viewers tell the truth about a damaged or finished run (issue 41.3): a journal whose last line was
+cut by ``kill -9``, a run whose processes all ended long ago, a journal that cannot be read, a run
+directory viewed read-only, and a run directory copied elsewhere. Every view says the same thing,
+names what is wrong once, and writes nothing but the index it documents.
+
+The runs are ``cli_fixtures.build_run``'s (a launcher and two ranks shaped like a traced start),
+damaged here as ``kill -9``, ``cp -r`` or ``chmod`` damage them; no SGLang process is started."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from cli_fixtures import HOST, LAUNCHER_PID, S, build_run
+from sglang_phasetrace.tracing.cli import main
+from sglang_phasetrace.tracing.reader import index, load
+
+ARGS = {"model_path": "/models/tiny", "tp_size": 2, "dp_size": 1, "device": "cpu", "port": 30000}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(index, "_SAID", set())  # one warning per index and process: per test here
+    monkeypatch.delenv(index.ENV_INDEX, raising=False)
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main([*argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def report_verdict(html: str) -> str:
+    m = re.search(r'<div id="verdict" class="verdict (\w+)">([^<]*)</div>', html)
+    assert m, "the report's first line is its verdict"
+    return f"{m[1]}: {m[2]}"
+
+
+def lines_of(path: Path) -> list[str]:
+    return path.read_text().splitlines(keepends=True)
+
+
+def rank_journal(run: Path, pid: int) -> Path:
+    return run / "journal" / f"{HOST}-{pid}.jsonl"
+
+
+def served(run: Path) -> None:
+    """The launcher's root ends as a ``launch_server``'s does: serving began (``keys.SERVING``)."""
+    journal = run / "journal" / f"{HOST}-{LAUNCHER_PID}.jsonl"
+    out = []
+    for line in lines_of(journal):
+        r = json.loads(line)
+        if r["kind"] == "end" and r["span"] == _launch_root(journal):
+            r["attrs"] = {**r["attrs"], "phasetrace.serving": True}
+            line = json.dumps(r, separators=(",", ":")) + "\n"
+        out.append(line)
+    journal.write_text("".join(out))
+
+
+def _launch_root(journal: Path) -> str:
+    return next(r["span"] for r in map(json.loads, lines_of(journal)) if r["kind"] == "begin" and r["parent"] is None)
+
+
+def cut_root_end(run: Path, pid: int) -> str:
+    """Cut the rank's last line, its ``rank`` end record, as ``kill -9`` mid-write does (the lines
+    after it, its last heartbeat, were never written); ``file:line`` of the cut line. Its status
+    file still says ready. The journal was last written a minute ago."""
+    journal = rank_journal(run, pid)
+    lines = lines_of(journal)
+    root = next(
+        r["span"] for r in map(json.loads, lines) if r["kind"] == "begin" and r["attrs"].get("sglang.phase") == "rank"
+    )
+    at = max(i for i, line in enumerate(lines) if '"kind":"end"' in line and f'"span":"{root}"' in line)
+    journal.write_text("".join(lines[:at]) + lines[at][:40])
+    old = time.time() - 60
+    os.utime(journal, (old, old))
+    return f"{journal}:{at + 1}"
+
+
+# -- viewers write nothing -----------------------------------------------------------------------
+
+
+def _recorded(run: Path) -> None:
+    """The launch root says what was launched (a fingerprint for the history)."""
+    journal = run / "journal" / f"{HOST}-{LAUNCHER_PID}.jsonl"
+    out = []
+    for line in lines_of(journal):
+        r = json.loads(line)
+        if r["kind"] == "begin" and r["parent"] is None:
+            r["attrs"]["sglang.server_args"] = json.dumps(ARGS, sort_keys=True)
+        out.append(json.dumps(r) + "\n")
+    journal.write_text("".join(out))
+
+
+def test_read_only_verbs_write_nothing_but_the_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from sglang_phasetrace.tracing.history import store
+
+    base = tmp_path / "runs"
+    for name in ("20261207-010000-aaaaaa", "20261207-020000-bbbbbb"):
+        build_run(base / name, ranks=2, spans=40, end_ns=time.time_ns() - 5000 * S)
+        _recorded(base / name)
+    store.write(load.load_run(base / "20261207-010000-aaaaaa"), base / "history.sqlite")
+    store.forget()
+    before = sorted(p.name for p in base.iterdir())
+    assert before == ["20261207-010000-aaaaaa", "20261207-020000-bbbbbb", "history.sqlite"]
+    run = base / "20261207-020000-bbbbbb"
+    files = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    for argv in (["status", "--once"], ["status", "--json"], ["timeline"], ["compare"], ["probe"]):
+        cli(capsys, argv[0], str(run), *argv[1:])
+        assert sorted(p.name for p in base.iterdir()) == before, argv  # no history.sqlite-wal, -shm
+        now = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+        assert [f for f in now if f != index.INDEX_NAME] == files, argv
+    code, out, err = cli(capsys, "compare", str(run), "--baseline")  # reads the history
+    assert code == 0 and "against 1 earlier start" in out, err
+    assert sorted(p.name for p in base.iterdir()) == before
+
+
+def test_watch_refuses_a_directory_that_is_not_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = cli(capsys, "watch", str(empty), "--timeout", "0.2", "--interval", "0.1", "--no-py-spy")
+    assert code == 1 and "not a phasetrace run directory" in err and str(empty) in err, err
+    assert list(empty.iterdir()) == []
+
+
+# -- a copied run --------------------------------------------------------------------------------
+
+
+def test_a_copied_run_directory_uses_its_own_index_without_a_word(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    run = build_run(tmp_path / "a" / "20261207-010000-aaaaaa", ranks=2, spans=40)
+    assert load.index_run([run.path], allow_serving=True) == [run.path / index.INDEX_NAME]
+    copy = tmp_path / "b" / run.path.name
+    shutil.copytree(run.path, copy)  # new inodes, new times: ``cp -r`` to another host
+    copy.chmod(0o500)  # a read-only copy: nothing can be written there
+    try:
+        for _ in range(2):
+            cli(capsys, "status", str(copy), "--json")
+            cli(capsys, "timeline", str(copy))
+        assert not [r.getMessage() for r in caplog.records if "index" in r.getMessage()]
+        loaded = index.open_index(copy)
+        assert loaded is not None and {s for _, s in loaded.journals.values()} == {index.FRESH}
+        renamed = tmp_path / "c" / "renamed"
+        shutil.copytree(run.path, renamed)
+        loaded = index.open_index(renamed)
+        assert loaded is not None and {s for _, s in loaded.journals.values()} == {index.FRESH}
+    finally:
+        copy.chmod(0o700)
+
+
+def test_an_index_of_other_journals_is_refused_saying_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    run = build_run(tmp_path / "a" / "20261207-010000-aaaaaa", ranks=2, spans=40)
+    other = build_run(tmp_path / "b" / run.path.name, ranks=2, spans=40, end_ns=time.time_ns() - 7 * S)
+    load.index_run([other.path], allow_serving=True)
+    shutil.copy(other.path / index.INDEX_NAME, run.path / index.INDEX_NAME)
+    assert index.open_index(run.path) is None
+    said = [r.getMessage() for r in caplog.records if "index" in r.getMessage()]
+    assert len(said) == 1 and "is not the journal it indexed" in said[0], said
