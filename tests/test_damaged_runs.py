@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from cli_fixtures import HOST, LAUNCHER_PID, S, build_run
 from sglang_phasetrace.tracing.cli import main
+from sglang_phasetrace.tracing.journal import records
+from sglang_phasetrace.tracing.journal import tail as journal_tail
 from sglang_phasetrace.tracing.reader import index, load
 
 ARGS = {"model_path": "/models/tiny", "tp_size": 2, "dp_size": 1, "device": "cpu", "port": 30000}
@@ -80,6 +82,67 @@ def cut_root_end(run: Path, pid: int) -> str:
     old = time.time() - 60
     os.utime(journal, (old, old))
     return f"{journal}:{at + 1}"
+
+
+# -- a cut last line -----------------------------------------------------------------------------
+
+
+def test_a_cut_last_line_is_named_once_and_every_view_uses_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = build_run(tmp_path / "run", ranks=2, spans=40, end_ns=time.time_ns() - 20 * S)
+    served(run.path)
+    where = cut_root_end(run.path, run.pids["tp0"])
+    path = str(run.path)
+    said: dict[str, str] = {}
+
+    code, out, err = cli(capsys, "status", path, "--json")
+    said["status --json"] = err
+    doc = json.loads(out)
+    rows = {r["label"]: r for r in doc["ranks"]}
+    assert code == 0 and doc["exit_code"] == 0, doc["findings"]
+    assert rows["tp0"]["state"] == "ready" and rows["tp0"]["verdict"] == "", rows["tp0"]
+    assert rows["launcher"]["state"] == "serving" and not doc["findings"]
+
+    code, out, err = cli(capsys, "status", path, "--once")
+    said["status"] = err
+    assert code == 0 and "died" not in out and "stalled" not in out, out
+
+    code, out, err = cli(capsys, "probe", path, "--json")
+    said["probe"] = err
+    doc = json.loads(out)
+    assert code == 0 and doc["state"] == "serving", doc["line"]
+
+    code, out, err = cli(capsys, "report", path, "-o", str(tmp_path / "r.html"))
+    said["report"] = err
+    assert code == 0 and report_verdict((tmp_path / "r.html").read_text()).startswith("ready: READY — 2 ranks ready")
+
+    code, out, err = cli(capsys, "timeline", path, "--json")
+    said["timeline"] = err
+    lanes = {lane["label"]: lane for lane in json.loads(out)["lanes"]}
+    assert code == 0 and lanes["tp0"]["state"] == "ready", lanes["tp0"]["state"]
+
+    code, out, err = cli(capsys, "compare", path, "--json")
+    said["compare"] = err
+    phases = {p["phase"]: p for p in json.loads(out)["phases"]}
+    assert code == 0 and phases["rank"]["open"] == [] and set(phases["rank"]["per_rank_s"]) == {"tp0", "tp1"}
+
+    for verb, err in said.items():  # the cut line, said once by every view (probe: on stderr, its line on stdout)
+        assert err.count(where + ":") == 1, (verb, err)
+
+
+def test_a_journal_cut_a_while_ago_is_cut_for_a_live_reader_too(tmp_path: Path) -> None:
+    """A line without its newline is a write in progress only for a moment: the writer writes each
+    record in one ``os.write``. One left so for seconds was cut (``kill -9``, a crash)."""
+    path = tmp_path / "j.jsonl"
+    whole = json.dumps(records.warning(1, "whole"), separators=(",", ":"))
+    path.write_text(whole + "\n" + whole[:20])
+    reader = journal_tail.JournalTail(path)
+    assert len(reader.read()) == 1 and not reader.problems  # just written: left for the next read
+    old = time.time() - 60
+    os.utime(path, (old, old))
+    assert reader.read() == [] and reader.problems == [f"{path}:2: " + reader.problems[0].split(": ", 1)[1]]
+    assert "not a JSON record" in reader.problems[0]
 
 
 # -- viewers write nothing -----------------------------------------------------------------------

@@ -22,7 +22,7 @@ from ..journal.layout import JOURNAL_DIR, STARTUP_FILE
 from ..journal.tail import read_regular
 from ..redact import printable
 from ..verdicts.startup import CODES, Startup
-from .command import CommandError, newest_run
+from .command import CommandError, newest_run, report_problems
 
 STATE_MAX = 1 << 20  # a state file is a few kB; more is not ours
 STILL_STARTING = 9  # ``--wait``: the time given ran out while the start progresses
@@ -66,6 +66,7 @@ def assess_journals(run_dir: Path, now_ns: int) -> dict[str, Any]:
     from ..verdicts.findings import findings, gone_ranks
 
     view = load_run(run_dir)
+    report_problems(view)  # on stderr: stdout is the one line
     return startup.of_pass(view, findings(view, now_ns, gone=gone_ranks(view)), now_ns).to_json()
 
 

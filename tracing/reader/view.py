@@ -154,6 +154,19 @@ class ProcessRec:
                     got[1] = span.end
         return out
 
+    def mend(self, beat: dict[str, Any] | None) -> None:
+        """A journal that lost its root's ``end`` (its last line cut by ``kill -9``, a record a full disk
+        kept out) while the status file says the start is over (``ready``: written after that ``end``):
+        the root ends well, as the status file says, at the latest record the journal holds. A later
+        read of the ``end`` itself puts its own time back."""
+        root = self.root
+        if root is None or root.status != "open" or beat is None or beat.get("ready") is not True:
+            return
+        if beat.get("pid") != self.pid:
+            return
+        root.end, root.status = max(self.last_t, root.start), "ok"
+        root.attrs = {**root.attrs, keys.SERVING: True}
+
     @property
     def ident(self) -> ProcId:
         """This process as a verdict names it (``ProcId``)."""
@@ -331,6 +344,8 @@ class RunView:
         told = len(proc.told)
         for piece in tail.bulk_pieces(final=final):
             _apply_all(tail, proc, piece)
+        if proc.root is not None and proc.root.status == "open":
+            proc.mend(self.status_file(proc))
         self._told += [(proc, r) for r in proc.told[told:]]
 
     def dir_of(self, proc: ProcessRec) -> Path:
@@ -409,22 +424,31 @@ class RunView:
         return record
 
     def _read_status(self, path: Path) -> dict[str, Any] | None:
-        try:
-            record = _loads(read_regular(path, limit=STATUS_MAX))
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            return self._status_problem(path, f"cannot read ({exc.strerror or exc})")
-        except ValueError as exc:  # orjson's JSONDecodeError; UnicodeDecodeError
-            return self._status_problem(path, f"not a JSON record ({exc.__class__.__name__}: {exc})")
-        why = validate(record)
-        if why is None and record["kind"] != "heartbeat":
-            why = f"a {record['kind']} record, not a heartbeat"
-        return trim([record])[0] if why is None else self._status_problem(path, f"heartbeat: {why}")
+        record, why = read_status(path)
+        if why is not None:
+            self._status_problems.setdefault(path, f"{path}:1: {why}")
+        return record
 
-    def _status_problem(self, path: Path, why: str) -> None:
-        self._status_problems.setdefault(path, f"{path}:1: {why}")
-        return None
+
+def status_of(journal: Path) -> Path:
+    """The status file of a journal's process (in the run directory holding the journal)."""
+    return journal.parent.parent / STATUS_DIR / f"{journal.stem}.json"
+
+
+def read_status(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """A status file's heartbeat, if it is a valid ``heartbeat`` record; else None and why (None: there is none)."""
+    try:
+        record = _loads(read_regular(path, limit=STATUS_MAX))
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"cannot read ({exc.strerror or exc})"
+    except ValueError as exc:  # orjson's JSONDecodeError; UnicodeDecodeError
+        return None, f"not a JSON record ({exc.__class__.__name__}: {exc})"
+    why = validate(record)
+    if why is None and record["kind"] != "heartbeat":
+        why = f"a {record['kind']} record, not a heartbeat"
+    return (trim([record])[0], None) if why is None else (None, f"heartbeat: {why}")
 
 
 def _apply_all(tail: JournalTail, proc: ProcessRec, chunk: tuple[dict[str, list[Any]], list[dict[str, Any]]]) -> None:
