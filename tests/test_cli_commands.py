@@ -579,9 +579,12 @@ def test_real_run_every_reader(engine_run, capsys: pytest.CaptureFixture[str], t
     assert code == 0 and all(p["delta_s"] == 0 for p in json.loads(out)["phases"])
 
     code, out, _ = run_cli(capsys, "status", run_dir, "--json")
-    rows = {r["label"]: r for r in json.loads(out)["ranks"]}
+    doc = json.loads(out)
+    rows = {r["label"]: r for r in doc["ranks"]}
     assert code == 0 and set(rows) == {"launcher", *ranks, "detokenizer"}  # every process of the launch
-    assert all(rows[r]["state"] == "ready" and rows[r]["verdict"] == "" for r in [*ranks, "detokenizer"])
+    # it served, and its processes have exited since: ended, not ready (issue 41.3)
+    assert all(rows[r]["state"] == "ended" and rows[r]["verdict"] == "" for r in ["launcher", *ranks, "detokenizer"])
+    assert doc["ended"]["t"] > 0 and "tore it down" in doc["ended"]["how"], doc["ended"]
     for r in ranks:  # a heartbeat was written: its figures are shown; GPU fields stay blank on CPU
         if rows[r]["heartbeat_age_s"] is not None:
             assert rows[r]["rss"] > 0 and rows[r]["threads"] > 0 and rows[r]["gpu"] == ""
@@ -589,7 +592,7 @@ def test_real_run_every_reader(engine_run, capsys: pytest.CaptureFixture[str], t
     report = tmp_path / "real.html"
     assert run_cli(capsys, "report", run_dir, "-o", str(report))[0] == 0
     html = report.read_text()
-    assert 'class="verdict ready">READY — 2 ranks ready' in html
+    assert 'class="verdict ended">ENDED — the launch served, then ended' in html and "2 ranks were ready" in html
     data = report_data(html)
     lanes = {lane["label"]: lane for lane in data["lanes"]}
     assert set(lanes) == {"launcher", *ranks, "detokenizer"} and all(len(lanes[r]["bars"]) > 10 for r in ranks)

@@ -145,6 +145,42 @@ def test_a_journal_cut_a_while_ago_is_cut_for_a_live_reader_too(tmp_path: Path) 
     assert "not a JSON record" in reader.problems[0]
 
 
+# -- a finished run ------------------------------------------------------------------------------
+
+
+def test_a_run_whose_processes_ended_long_ago_is_told_as_ended(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    end = time.time_ns() - 5000 * S
+    run = build_run(tmp_path / "run", ranks=2, spans=40, end_ns=end)
+    served(run.path)
+    journal = run.path / "journal" / f"{HOST}-{LAUNCHER_PID}.jsonl"
+    with journal.open("a") as f:  # the launcher saw its ranks end, as a SIGTERM to the group ends them
+        for label in ("tp0", "tp1"):
+            f.write(json.dumps(records.exit(end + S, run.pids[label], HOST, label, None, "SIGTERM")) + "\n")
+    path = str(run.path)
+
+    code, out, _ = cli(capsys, "status", path, "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["exit_code"] == 0
+    ended = doc["ended"]
+    assert ended is not None and ended["t"] == end + S and 4990 < ended["ago_s"] < 5100, ended
+    assert "killed by SIGTERM" in ended["how"] and "tp0" in ended["how"], ended
+    assert {r["state"] for r in doc["ranks"]} == {"ended"}, doc["ranks"]
+
+    code, out, _ = cli(capsys, "status", path, "--once")
+    assert code == 0 and "serving" not in out and " ready " not in out, out
+    line = next(line for line in out.splitlines() if "ended" in line and "SIGTERM" in line)
+    assert re.search(r"ended (83|84) min ago", line) and time.strftime("%Y-%m-%d", time.gmtime(end / S)) in line
+
+    cli(capsys, "report", path, "-o", str(tmp_path / "r.html"))
+    verdict = report_verdict((tmp_path / "r.html").read_text())
+    assert verdict.startswith("ended: ENDED — ") and "SIGTERM" in verdict, verdict
+
+    code, out, _ = cli(capsys, "probe", path)
+    assert code == 8 and "served, then ended" in out, out
+
+
 # -- viewers write nothing -----------------------------------------------------------------------
 
 

@@ -13,14 +13,15 @@ import psutil
 from rich.console import Group
 from rich.live import Live
 
+from ..reader.ended import of_run
 from ..reader.load import refresh_parallel
 from ..reader.view import RunView
-from ..render.lanes import layout
+from ..render.lanes import DONE, layout
 from ..render.missing import missing
 from ..render.status_table import StatusRow, status_rows, status_table, verdict_lines
 from ..render.term import text
 from ..verdicts import usual
-from ..verdicts.diagnose import Finding, Thresholds, suspects
+from ..verdicts.diagnose import PREFIX, Finding, Thresholds, suspects
 from ..verdicts.evidence.ranks import RankReader
 from ..verdicts.findings import ENDED, alarms, by_process, findings, gone_ranks
 from .command import EXIT_FAILED, EXIT_STALLED, RUN_DIRS_HELP, check_run_dir, make_console, report_problems
@@ -38,9 +39,9 @@ def exit_code(rows: list[StatusRow], found: list[Finding]) -> int:
 
 
 def finished(rows: list[StatusRow]) -> bool:
-    """Nothing will change any more: every process ready, failed or gone."""
+    """Nothing will change any more: every process ready, failed, gone or ended."""
     return bool(rows) and all(
-        r.state in ("ready", "serving", "failed", "incomplete", "gone", "exited", "died") for r in rows
+        r.state in ("ready", "serving", "ended", "failed", "incomplete", "gone", "exited", "died") for r in rows
     )
 
 
@@ -90,6 +91,10 @@ frame. Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one fa
         here = socket.gethostname()
         alive = {(p.host, p.pid): psutil.pid_exists(p.pid) for p in view.processes if p.host == here}
         rows = status_rows(lay, now, by_process(view, found), alive)
+        self.ended = of_run(view, now)  # the launch served, and every process of it is gone since
+        for r in rows if self.ended is not None else ():
+            if r.state in DONE:
+                r.state = "ended"
         idle = {p.pid: ev for p in suspects(view, now, thresholds) if (ev := waits(p)) is not None}
         for r in rows:
             r.waits_on = idle[r.pid].text if r.pid in idle and not idle[r.pid].gone else ""
@@ -102,9 +107,10 @@ frame. Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one fa
         extra = [text(f"{f.kind}: {f.message}", style="red") for f in unnamed]
         self.missing = missing(view, alive)  # records a full disk kept out of the journals
         lacking = [text(f"missing: {line}", style="yellow") for line in self.missing]
-        table = status_table(rows, f"{view.run_id}  ({len(rows)} processes)")
-        history = [text(self.outlook["line"])] if self.outlook else []
-        return rows, found, Group(table, *verdict_lines(rows), *extra, *lacking, *history)
+        table = status_table(rows, f"{view.run_id}  ({len(rows)} processes{', ended' if self.ended else ''})")
+        history = [text(self.outlook["line"])] if self.outlook and not self.ended else []
+        over = [text(f"{PREFIX} {self.ended.line(now)}")] if self.ended is not None else []
+        return rows, found, Group(table, *over, *verdict_lines(rows), *extra, *lacking, *history)
 
     def run(self, args: argparse.Namespace) -> int:
         view = RunView(*(check_run_dir(path) for path in args.run_dirs))
@@ -133,6 +139,7 @@ frame. Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one fa
                             "findings": [dataclasses.asdict(f) for f in found],
                             "missing": self.missing,
                             "history": self.outlook or None,
+                            "ended": self.ended.to_json(time.time_ns()) if self.ended is not None else None,
                         },
                         indent=1,
                     )
