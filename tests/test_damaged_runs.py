@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from cli_fixtures import HOST, LAUNCHER_PID, S, build_run
-from sglang_phasetrace.tracing.cli import main
+from sglang_phasetrace.tracing.cli import command, main
 from sglang_phasetrace.tracing.journal import records
 from sglang_phasetrace.tracing.journal import tail as journal_tail
 from sglang_phasetrace.tracing.reader import index, load
@@ -181,6 +181,55 @@ def test_a_run_whose_processes_ended_long_ago_is_told_as_ended(
     assert code == 8 and "served, then ended" in out, out
 
 
+# -- an unreadable journal -----------------------------------------------------------------------
+
+
+def test_a_rank_whose_journal_cannot_be_read_keeps_its_row_and_the_view_says_it_is_incomplete(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = build_run(tmp_path / "run", ranks=2, spans=40)
+    locked = rank_journal(run.path, run.pids["tp1"])
+    locked.chmod(0)
+    if os.geteuid() == 0:  # root reads it anyway: ``open`` is refused as it is for another user
+        real_open = journal_tail._open_regular
+
+        def refused(path: Path) -> tuple[int, os.stat_result]:
+            if Path(path) == locked:
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_open(path)
+
+        monkeypatch.setattr(journal_tail, "_open_regular", refused)
+    path = str(run.path)
+    try:
+        code, out, err = cli(capsys, "status", path, "--json")
+        doc = json.loads(out)
+        rows = {r["label"]: r for r in doc["ranks"]}
+        assert code == command.EXIT_INCOMPLETE == doc["exit_code"], doc
+        assert set(rows) == {"launcher", "tp0", "tp1"}, rows  # its label from its status file
+        assert rows["tp1"]["state"] == "unreadable" and rows["tp1"]["pid"] == run.pids["tp1"]
+        assert "journal unreadable" in rows["tp1"]["verdict"] and "Permission denied" in rows["tp1"]["verdict"]
+        assert err.count(f"{locked}: cannot read") == 1, err
+
+        code, out, _ = cli(capsys, "status", path, "--once")
+        assert code == command.EXIT_INCOMPLETE and "(3 processes)" in out
+        assert re.search(r"^ tp1 +\d+ +unreadable", out, re.M) and "tp1: journal unreadable" in out, out
+
+        code, out, err = cli(capsys, "compare", path, "--json")
+        doc = json.loads(out)
+        assert code == command.EXIT_INCOMPLETE and [u["label"] for u in doc["unreadable"]] == ["tp1"], doc.keys()
+        code, out, err = cli(capsys, "compare", path)
+        assert code == command.EXIT_INCOMPLETE and "tp1: journal unreadable" in out + err
+
+        code, out, err = cli(capsys, "timeline", path)
+        assert code == command.EXIT_INCOMPLETE and re.search(r"^tp1 .*journal unreadable", out, re.M), out
+        code, _, _ = cli(capsys, "report", path, "-o", str(tmp_path / "r.html"))
+        assert code == command.EXIT_INCOMPLETE and "journal unreadable" in (tmp_path / "r.html").read_text()
+    finally:
+        locked.chmod(0o600)
+    code, out, err = cli(capsys, "--help")
+    assert f"{command.EXIT_INCOMPLETE} the view is incomplete" in out
+
+
 # -- viewers write nothing -----------------------------------------------------------------------
 
 
@@ -261,3 +310,21 @@ def test_an_index_of_other_journals_is_refused_saying_so(tmp_path: Path, caplog:
     assert index.open_index(run.path) is None
     said = [r.getMessage() for r in caplog.records if "index" in r.getMessage()]
     assert len(said) == 1 and "is not the journal it indexed" in said[0], said
+
+
+def test_a_run_with_a_journal_that_cannot_be_read_is_not_indexed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its index would stand for the journal as read: empty, for every later viewer."""
+    monkeypatch.setattr(index, "finished", lambda view: True)  # as if every process had ended
+    run = build_run(tmp_path / "run", ranks=2, spans=40)
+    locked = rank_journal(run.path, run.pids["tp1"])
+    data = locked.read_bytes()
+    locked.unlink()
+    os.mkfifo(locked, 0o600)  # not a regular file: refused as unreadable, root or not
+    assert load.index_run([run.path]) == []
+    view = load.load_run(run.path)
+    assert [p.label for p in view.processes if p.unreadable] == ["tp1"]
+    locked.unlink()
+    locked.write_bytes(data)
+    assert load.index_run([run.path]) == [run.path / index.INDEX_NAME]

@@ -14,10 +14,11 @@ import os
 import sys
 
 from ..redact import printable
-from .command import EXIT_FAILED, EXIT_STALLED, Command, CommandError, where
+from .command import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_STALLED, Command, CommandError, where
 
 EPILOG = f"""\
-exit codes: 0 fine, 1 error, 2 bad usage, {EXIT_STALLED} a rank is stalled, {EXIT_FAILED} a rank failed.
+exit codes: 0 fine, 1 error, 2 bad usage, {EXIT_STALLED} a rank is stalled, {EXIT_FAILED} a rank failed,
+{EXIT_INCOMPLETE} the view is incomplete (a journal could not be read; nothing worse seen). probe: its own.
 Run directories are written by traced processes under $SGLANG_PHASETRACE_DIR (default ./phasetrace-runs).
 Start with:  phasetrace run -- python -m sglang.launch_server --model-path M --tp 2
 """

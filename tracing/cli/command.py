@@ -28,9 +28,11 @@ if TYPE_CHECKING:
 
     from ..render.lane_jobs import Held
 
-# Exit codes beyond 0 (fine), 1 (error) and 2 (bad usage, from argparse).
+# Exit codes beyond 0 (fine), 1 (error) and 2 (bad usage, from argparse); 5-9 are the probe's own
+# (``verdicts.startup.CODES``, ``probe.STILL_STARTING``).
 EXIT_STALLED = 3
 EXIT_FAILED = 4
+EXIT_INCOMPLETE = 10  # nothing stalled or failed that the view can see, but a journal could not be read
 
 
 RUN_DIRS_HELP = (
@@ -127,6 +129,12 @@ def open_run(path: str | Path, *more: str | Path, split: bool = False) -> RunVie
         where = ", ".join(str(p / JOURNAL_DIR) for p in run.paths)
         raise CommandError(f"{', '.join(map(str, run.paths))}: no process journal in {where}")
     return run
+
+
+def complete(run: RunView, code: int = 0) -> int:
+    """A viewer's exit code: ``code``, or ``EXIT_INCOMPLETE`` where nothing worse was found and a
+    journal of the run could not be read (its process is shown, its phases are not known)."""
+    return EXIT_INCOMPLETE if code == 0 and any(p.unreadable is not None for p in run.processes) else code
 
 
 def run_side(arg: str) -> list[str]:

@@ -10,7 +10,7 @@ from ..render.html_report import render_report
 from ..render.lanes import Layout, layout
 from ..verdicts.diagnose import Finding
 from ..verdicts.findings import by_process, findings
-from .command import RUN_DIRS_HELP, open_run, write_output
+from .command import RUN_DIRS_HELP, complete, open_run, write_output
 
 
 def write_report(lay: Layout, output: str, found: list[Finding] | None = None, ended: Ended | None = None) -> None:
@@ -46,4 +46,4 @@ with the culprit's stack dump, errors with their tracebacks, one timeline lane p
         write_report(lay, output, ended=of_run(lay.run))
         if output != "-":
             print(f"wrote {output}")
-        return 0
+        return complete(lay.run)

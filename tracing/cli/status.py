@@ -24,24 +24,34 @@ from ..verdicts import usual
 from ..verdicts.diagnose import PREFIX, Finding, Thresholds, suspects
 from ..verdicts.evidence.ranks import RankReader
 from ..verdicts.findings import ENDED, alarms, by_process, findings, gone_ranks
-from .command import EXIT_FAILED, EXIT_STALLED, RUN_DIRS_HELP, check_run_dir, make_console, report_problems
+from .command import (
+    EXIT_FAILED,
+    EXIT_INCOMPLETE,
+    EXIT_STALLED,
+    RUN_DIRS_HELP,
+    check_run_dir,
+    make_console,
+    report_problems,
+)
 
 
 def exit_code(rows: list[StatusRow], found: list[Finding]) -> int:
     """The first verdict decides (root cause first): a rank that died or failed, else a stall
-    (a rank, or a stall no single rank explains: divergence, no progress). Notices do not count."""
+    (a rank, or a stall no single rank explains: divergence, no progress). Notices do not count.
+    Else a journal that cannot be read: the view is incomplete."""
     verdicts = alarms(found)
     if verdicts:
         return EXIT_FAILED if verdicts[0].kind in ENDED else EXIT_STALLED
     if any(r.state in ("failed", "incomplete", "gone") for r in rows):
         return EXIT_FAILED
-    return 0
+    return EXIT_INCOMPLETE if any(r.state == "unreadable" for r in rows) else 0
 
 
 def finished(rows: list[StatusRow]) -> bool:
     """Nothing will change any more: every process ready, failed, gone or ended."""
     return bool(rows) and all(
-        r.state in ("ready", "serving", "ended", "failed", "incomplete", "gone", "exited", "died") for r in rows
+        r.state in ("ready", "serving", "ended", "failed", "incomplete", "gone", "exited", "died", "unreadable")
+        for r in rows
     )
 
 
@@ -54,7 +64,8 @@ heartbeat, progress, CPU/memory/GPU figures when the heartbeat carries them, and
 verdict (the watchdog's diagnosis, else a fresh analysis); below, what the run's files lack (the
 records a full disk kept out of each journal: still held, or lost). On a terminal it refreshes
 until every rank is ready or has stopped; --once, or an output that is not a terminal, prints one
-frame. Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one failed, so scripts can poll it:
+frame. Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one failed, so scripts can poll it
+({EXIT_INCOMPLETE}: nothing worse is seen, but a journal cannot be read; its row says so):
 
   phasetrace status RUN_DIR --once || echo "startup is in trouble"
   phasetrace status RUN_DIR --once --json | jq '.ranks[] | select(.state != "ready")'

@@ -7,7 +7,7 @@ import argparse
 from ..render.jsonout import dumps
 from ..render.lanes import layout
 from ..render.timeline_text import render_timeline, timeline_json
-from .command import RUN_DIRS_HELP, make_console, open_run, print_lines, write_output
+from .command import RUN_DIRS_HELP, complete, make_console, open_run, print_lines, write_output
 
 
 class Timeline:
@@ -40,8 +40,8 @@ capitals; a phase that never ended (still running, or the process died there) en
         if args.json:
             lay = layout(open_run(*args.run_dirs), depth=depth)
             write_output(dumps(timeline_json(lay, depth)) + b"\n", None)
-            return 0
+            return complete(lay.run)
         lay = layout(open_run(*args.run_dirs, split=True), depth=depth)  # each lane's rows drawn where it was read
         console = make_console(args.width)
         print_lines(console, render_timeline(lay, width=console.width, depth=max(0, args.depth)))
-        return 0
+        return complete(lay.run)

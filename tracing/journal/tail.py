@@ -202,6 +202,11 @@ class JournalTail:
         lines, numbers, kept = self._chunk
         return (kept if kept is not None else _numbers(lines, numbers))[index]
 
+    @property
+    def unreadable(self) -> str | None:
+        """Why the file cannot be read (as said in ``problems``), or None."""
+        return self._unreadable
+
     def _read_more(self, limit: int) -> tuple[bytes, int]:
         try:
             data, size, self._changed = _read_at(self.path, self.offset, limit)

@@ -394,6 +394,8 @@ def _read_whole(
         _apply_all(tail, proc, piece)
     if proc.root is not None and proc.root.status == "open":  # its root's ``end`` lost: the status file's word
         proc.mend(read_status(status_of(path))[0])
+    if tail.unreadable is not None and not proc.pid:  # still a process of the run (``ProcessRec.unread``)
+        proc.unread(tail.unreadable, read_status(status_of(path))[0])
     return tail, proc
 
 

@@ -76,6 +76,7 @@ class ProcessRec:
     remote: str | None = None  # set for a process another node reported (``tracing.channel.crossnode``)
     # phase -> [how many, latest end] of the spans that ended well and a shallow read left out (``_shallow``)
     dropped: dict[str, list[int]] = field(default_factory=dict)
+    unreadable: str | None = None  # why its journal cannot be read: it is known by its file name and status file
 
     HEARTBEATS_KEPT = 8
     OPS_KEPT = 256
@@ -116,6 +117,7 @@ class ProcessRec:
             self.boot_t, self.resource = r.get("boot_t"), dict(r.get("resource") or {})
             self.start_ticks, self.boot_id = r.get("start_ticks"), r.get("boot_id")
             self.label = self.label or f"pid{self.pid}"
+            self.unreadable = None  # read after all
         elif kind == "diagnosis":
             self.diagnoses.append(r)
         elif kind == "warning":
@@ -154,6 +156,17 @@ class ProcessRec:
                     got[1] = span.end
         return out
 
+    def unread(self, why: str, beat: dict[str, Any] | None) -> None:
+        """Its journal cannot be read (``why``): the process is still one of the run, named by the
+        journal's name (``<host>-<pid>.jsonl``) and its status file's heartbeat (its label), so no view
+        drops it; its phases are not known."""
+        host, _, pid = self.path.stem.rpartition("-")
+        if self.pid or not pid.isdigit():
+            return
+        self.unreadable, self.pid, self.host = why, int(pid), host
+        label = beat.get("label") if beat is not None and beat.get("pid") == self.pid else None
+        self.label = label if isinstance(label, str) and label else f"pid{self.pid}"
+
     def mend(self, beat: dict[str, Any] | None) -> None:
         """A journal that lost its root's ``end`` (its last line cut by ``kill -9``, a record a full disk
         kept out) while the status file says the start is over (``ready``: written after that ``end``):
@@ -183,7 +196,9 @@ class ProcessRec:
     def shown(self) -> bool:
         """Readers list it: a rank, a launcher, or any process with phases or something to say. An SGLang
         helper process that started tracing early (at import) and never ran a phase is left out."""
-        return self.role != "process" or bool(self.spans or self.warnings or self.diagnoses or self.told)
+        return self.role != "process" or bool(
+            self.spans or self.warnings or self.diagnoses or self.told or self.unreadable
+        )
 
     @property
     def open_spans(self) -> list[SpanRec]:
@@ -346,6 +361,8 @@ class RunView:
             _apply_all(tail, proc, piece)
         if proc.root is not None and proc.root.status == "open":
             proc.mend(self.status_file(proc))
+        if tail.unreadable is not None and not proc.pid:
+            proc.unread(tail.unreadable, self.status_file(proc))
         self._told += [(proc, r) for r in proc.told[told:]]
 
     def dir_of(self, proc: ProcessRec) -> Path:

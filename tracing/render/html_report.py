@@ -34,7 +34,7 @@ from ..verdicts import evidence
 from ..verdicts.diagnose import Finding
 from .jsonout import dumps
 from .lane_jobs import lanes_map
-from .lanes import Bar, Lane, Layout
+from .lanes import Bar, Lane, Layout, unreadable_text
 from .phase_stats import PhaseStat, within_run
 from .units import duration
 from .verdict import headline, state, word
@@ -103,7 +103,11 @@ def timeline_data(lay: Layout, stats: dict[str, PhaseStat], verdicts: dict[int, 
             "state": state(finding) if finding else lane.state,
             "where": where.key if where else None,
             "where_ms": round(lay.rel(where.span.start) * 1e3, 3) if where else None,
-            "verdict": f"{finding.kind}: {finding.message}" if finding else None,
+            "verdict": f"{finding.kind}: {finding.message}"
+            if finding
+            else unreadable_text(lane.proc)
+            if lane.proc.unreadable is not None
+            else None,
         }
         lanes.append(dumps(head)[:-1] + b',"bars":' + bars + b"}")  # ``dumps`` of it with its bars last
     return b"".join(

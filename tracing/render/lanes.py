@@ -52,6 +52,11 @@ class Bar(msgspec.Struct, gc=False):  # made in C: a 1024-rank run lays out 270 
 DONE = frozenset({"ready", "serving"})  # lane states of a start that is over
 
 
+def unreadable_text(proc: ProcessRec) -> str:
+    """What every view says of a process whose journal cannot be read (``ProcessRec.unread``)."""
+    return f"journal unreadable: {proc.unreadable}; its phases are not known"
+
+
 @dataclass
 class Lane:
     proc: ProcessRec
@@ -69,8 +74,11 @@ class Lane:
         """``ready`` (its start is over: a rank's launch serves), ``serving`` (a launcher: its launch
         serves), ``failed`` (an error ended the root), ``incomplete`` (a signal or exit ended it),
         ``initialised`` (a rank's own init is done, its launch does not serve yet: the warm-up),
-        ``running`` (something still open), or ``exited`` (nothing open, no root)."""
+        ``running`` (something still open), ``exited`` (nothing open, no root), or ``unreadable``
+        (its journal cannot be read: nothing is known of its phases)."""
         proc = self.proc
+        if proc.unreadable is not None:
+            return "unreadable"
         root = proc.root
         if root is not None and root.status != "open":
             if root.status == "ok":

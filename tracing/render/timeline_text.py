@@ -16,7 +16,7 @@ from rich.text import Text
 
 from ..reader.forked_helper import job
 from .lane_jobs import lanes_map
-from .lanes import DONE, Bar, Lane, Layout
+from .lanes import DONE, Bar, Lane, Layout, unreadable_text
 from .phase_stats import phase_stats
 from .term import clean
 from .units import duration
@@ -138,6 +138,8 @@ def _tail(lane: Lane) -> str:
         return f"{total} initialised, open in {clean(where.key)}"
     if lane.state in ("failed", "incomplete") and where is not None:
         return f"{total} {lane.state} in {clean(where.key)}"
+    if lane.state == "unreadable":
+        return unreadable_text(lane.proc)
     return f"{total} {lane.state}"
 
 
