@@ -224,6 +224,8 @@ def test_a_rank_whose_journal_cannot_be_read_keeps_its_row_and_the_view_says_it_
         assert code == command.EXIT_INCOMPLETE and re.search(r"^tp1 .*journal unreadable", out, re.M), out
         code, _, _ = cli(capsys, "report", path, "-o", str(tmp_path / "r.html"))
         assert code == command.EXIT_INCOMPLETE and "journal unreadable" in (tmp_path / "r.html").read_text()
+        code, _, _ = cli(capsys, "export", path, "--format", "perfetto", "-o", str(tmp_path / "p.json"))
+        assert code == command.EXIT_INCOMPLETE
     finally:
         locked.chmod(0o600)
     code, out, err = cli(capsys, "--help")

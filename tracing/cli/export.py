@@ -15,7 +15,7 @@ from ..render.otlp_json import otlp_chunks
 from ..render.perfetto import perfetto_chunks
 from ..verdicts.diagnose import Finding
 from ..verdicts.findings import findings
-from .command import RUN_DIRS_HELP, CommandError, open_run, write_chunks
+from .command import RUN_DIRS_HELP, CommandError, complete, open_run, write_chunks
 
 # format -> its document a piece at a time, each lane's made where its spans are (a split run's child)
 FORMATS: dict[str, Callable[[Layout, list[Finding]], Iterator[bytes | Held]]] = {
@@ -110,9 +110,9 @@ for it carry phasetrace.waiting_for.
             headers = dict(h.split("=", 1) for h in args.header if "=" in h)
             n = send(lay, args.endpoint, args.protocol, headers, args.timeout)
             print(printable(f"sent {n} spans from {len(lay.lanes)} processes to {args.endpoint} ({args.protocol})"))
-            return 0
+            return complete(lay.run)
         output = args.output or str(Path(args.run_dirs[0]) / f"export-{args.format}.json")
         export_file(lay, args.format, output)
         if output != "-":
             print(f"wrote {output}")
-        return 0
+        return complete(lay.run)
