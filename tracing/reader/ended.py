@@ -37,9 +37,11 @@ class Ended:
     def at(self) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.t / NS))
 
-    def line(self, now_ns: int) -> str:
-        """``the launch served, then ended 83 min ago (2026-12-07 02:00:01 UTC): tp0, tp1 killed by SIGTERM``"""
-        return f"the launch served, then ended {ago(self.ago_s(now_ns))} ago ({self.at}): {self.how}"
+    def line(self, now_ns: int | None = None) -> str:
+        """``the launch served, then ended 83 min ago (2026-12-07 02:00:01 UTC): tp0, tp1 killed by
+        SIGTERM``; without ``now_ns`` (a page kept for later), ``… then ended at 2026-12-07 …``."""
+        when = f"{ago(self.ago_s(now_ns))} ago ({self.at})" if now_ns is not None else f"at {self.at}"
+        return f"the launch served, then ended {when}: {self.how}"
 
     def to_json(self, now_ns: int) -> dict[str, Any]:
         return {"t": self.t, "at": self.at, "ago_s": round(self.ago_s(now_ns), 3), "how": self.how}

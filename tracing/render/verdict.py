@@ -4,7 +4,6 @@ on the culprit's phase and the run summary all come from here."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +63,7 @@ def headline(lay: Layout, found: list[Finding], ended: Ended | None = None) -> t
         since = f"; serving after {duration(serves.root.seconds)}" if serves is not None else ""
         were = f"{len(ranks)} ranks {'were ' if ended else ''}ready"
         if ended is not None:
-            return "ended", f"ENDED — {ended.line(time.time_ns())}; {were}, slowest {slow.label} in {took}{since}"
+            return "ended", f"ENDED — {ended.line()}; {were}, slowest {slow.label} in {took}{since}"
         return "ready", f"READY — {were}; slowest {slow.label} in {took}{since}"
     running = [lane for lane in ranks if lane.state == "running"]
     warming = [lane for lane in ranks if lane.state == "initialised"]
