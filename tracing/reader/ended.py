@@ -44,7 +44,7 @@ class Ended:
         return f"the launch served, then ended {when}: {self.how}"
 
     def to_json(self, now_ns: int) -> dict[str, Any]:
-        return {"t": self.t, "at": self.at, "ago_s": round(self.ago_s(now_ns), 3), "how": self.how}
+        return {"t": self.t, "at": self.at, "ago_s": round(self.ago_s(now_ns), 3), "how": self.how, "line": self.line()}
 
 
 def ago(seconds: float) -> str:
