@@ -21,6 +21,8 @@ from ..journal.writer import JournalWriter
 from ..reader.load import load_run
 from ..reader.view import RunView
 from ..redact import printable
+from ..verdicts.diagnose import PREFIX
+from .usage import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_STALLED
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -28,11 +30,8 @@ if TYPE_CHECKING:
 
     from ..render.lane_jobs import Held
 
-# Exit codes beyond 0 (fine), 1 (error) and 2 (bad usage, from argparse); 5-9 are the probe's own
-# (``verdicts.startup.CODES``, ``probe.STILL_STARTING``).
-EXIT_STALLED = 3
-EXIT_FAILED = 4
-EXIT_INCOMPLETE = 10  # nothing stalled or failed that the view can see, but a journal could not be read
+# exit codes: the one table (``usage``); every line the CLI says carries the verdicts' prefix
+__all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "EXIT_STALLED", "PREFIX"]
 
 
 RUN_DIRS_HELP = (
@@ -148,7 +147,7 @@ def run_side(arg: str) -> list[str]:
 def report_problems(run: RunView, said: set[str] | None = None) -> None:
     for problem in run.problems:
         if said is None or problem not in said:
-            print(printable(f"phasetrace: skipped {problem}"), file=sys.stderr)  # names and keys from the files
+            print(printable(f"{PREFIX} skipped {problem}"), file=sys.stderr)  # names and keys from the files
             if said is not None:
                 said.add(problem)
 
@@ -195,12 +194,18 @@ def write_file(path: Path, write: Callable[[int], None]) -> None:
 
 
 def make_console(width: int | None = None) -> Console:
-    """Rich console; off a terminal (pipe, log) wide enough that table rows never wrap."""
+    """Rich console. Its width: ``width``, else ``$COLUMNS``, else the terminal's; off a terminal
+    (pipe, log) without ``$COLUMNS``, wide enough that table rows never wrap. ``$NO_COLOR`` (any
+    value, no-color.org): no escape codes at all on a terminal, neither colour nor bold, dim or
+    italic (they are styles of the same codes; a reader who asked for none gets none)."""
     from rich.console import Console  # the verbs that print tables: not loaded for an export or a report
 
-    console = Console(highlight=False, width=width, soft_wrap=True)
+    plain = {"color_system": None} if os.environ.get("NO_COLOR") else {}
+    if width is None and os.environ.get("COLUMNS", "").isdigit() and int(os.environ["COLUMNS"]) > 0:
+        width = int(os.environ["COLUMNS"])
+    console = Console(highlight=False, width=width, soft_wrap=True, **plain)
     if width is None and not console.is_terminal:
-        console = Console(highlight=False, width=max(console.width, 200), soft_wrap=True)
+        console = Console(highlight=False, width=max(console.width, 200), soft_wrap=True, **plain)
     return console
 
 

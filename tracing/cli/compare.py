@@ -12,6 +12,7 @@ from ..render.lanes import layout, unreadable_text
 from ..render.phase_stats import between_runs, within_run
 from ..render.term import text
 from .command import CommandError, complete, make_console, open_run, run_side
+from .usage import at_least
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -44,7 +45,7 @@ Phases that never ended count up to the end of the run and are marked (open).
             "with commas, one per node: DIR0,DIR1",
         )
         parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-        parser.add_argument("--top", type=int, metavar="N", help="show only the first N phases")
+        parser.add_argument("--top", type=at_least(1), metavar="N", help="show only the first N phases (N ≥ 1)")
         parser.add_argument(
             "--baseline",
             action="store_true",

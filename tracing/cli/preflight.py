@@ -28,7 +28,7 @@ from ..render.compare_table import ranks_table
 from ..render.lanes import Layout, layout
 from ..render.phase_stats import within_run
 from ..render.run_text import status_line
-from ..verdicts.diagnose import Finding
+from ..verdicts.diagnose import PREFIX, Finding
 from ..verdicts.findings import ENDED, alarms, by_process
 from .command import EXIT_FAILED, EXIT_STALLED, CommandError, make_console
 from .preflight_plan import (
@@ -131,7 +131,7 @@ class Leader(subprocess.Popen):
 
 
 def say(text: str) -> None:
-    print(printable(f"phasetrace preflight: {text}"), file=sys.stderr, flush=True)
+    print(printable(f"{PREFIX} preflight: {text}"), file=sys.stderr, flush=True)
 
 
 class Preflight(Run):

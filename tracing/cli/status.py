@@ -33,6 +33,7 @@ from .command import (
     make_console,
     report_problems,
 )
+from .usage import SILENT_HELP, seconds
 
 
 def exit_code(rows: list[StatusRow], found: list[Finding]) -> int:
@@ -75,14 +76,8 @@ frame. Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one fa
         parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help=RUN_DIRS_HELP)
         parser.add_argument("--once", action="store_true", help="print one frame and exit")
         parser.add_argument("--json", action="store_true", help="one JSON document (implies --once)")
-        parser.add_argument("--interval", type=float, default=1.0, metavar="S", help="refresh period (default 1)")
-        parser.add_argument(
-            "--silent-after",
-            type=float,
-            metavar="S",
-            help="no heartbeat for this long counts as silent (default: "
-            "$SGLANG_PHASETRACE_SILENT_S, else 3 heartbeats)",
-        )
+        parser.add_argument("--interval", type=seconds, default=1.0, metavar="S", help="refresh period (default 1.0)")
+        parser.add_argument("--silent-after", type=seconds, metavar="S", help=SILENT_HELP)
 
     def frame(
         self,

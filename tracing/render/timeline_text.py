@@ -37,6 +37,8 @@ COLORS = (
     "bright_red",
 )
 LABEL_W, LABEL_MAX_W, TAIL_W = 10, 24, 28  # labels get at least 10 columns, at most 24 (``tp9@node-1``)
+MIN_WIDTH = LABEL_MAX_W + TAIL_W + 3 + 20  # the widest label, the tail and a chart of 20 columns
+CUT = "…"  # ends a label cut to fit
 
 
 @dataclass
@@ -122,8 +124,8 @@ def _axis(lay: Layout, width: int) -> Text:
     cells = [" "] * width
     step = max(1, width // 6)
     for cell in range(0, width, step):
-        mark = f"|{duration(lay.seconds * cell / width).replace(' ', '')}" if cell else "|0s"
-        if cell + len(mark) <= width:
+        mark = f"|{duration(lay.seconds * cell / width)}" if cell else "|0 s"
+        if cell + len(mark) <= width and cells[cell - 1 if cell else 0] == " ":  # whole marks, one space apart
             cells[cell : cell + len(mark)] = mark
     return Text("".join(cells), style="dim")
 
@@ -156,7 +158,9 @@ def render_timeline(lay: Layout, width: int = 100, depth: int = 1) -> list[Text]
     for lane, shown, cells in zip(lay.lanes, labels, rows, strict=True):
         for n, runs in enumerate(cells):
             label = shown if n == 0 else ""
-            row = Text(f"{label[:label_w]:<{label_w}} ", style="bold" if n == 0 else "")
+            if len(label) > label_w:
+                label = label[: label_w - 1] + CUT
+            row = Text(f"{label:<{label_w}} ", style="bold" if n == 0 else "")
             for text, style in runs:
                 row.append(text, style=style)
             if n == 0:
