@@ -16,6 +16,7 @@ from ..render.perfetto import perfetto_chunks
 from ..verdicts.diagnose import Finding
 from ..verdicts.findings import findings
 from .command import RUN_DIRS_HELP, CommandError, complete, open_run, write_chunks
+from .usage import seconds
 
 # format -> its document a piece at a time, each lane's made where its spans are (a split run's child)
 FORMATS: dict[str, Callable[[Layout, list[Finding]], Iterator[bytes | Held]]] = {
@@ -101,7 +102,9 @@ for it carry phasetrace.waiting_for.
         parser.add_argument(
             "--header", action="append", default=[], metavar="KEY=VALUE", help="extra OTLP request header (repeatable)"
         )
-        parser.add_argument("--timeout", type=float, default=10.0, metavar="S", help="OTLP request timeout")
+        parser.add_argument(
+            "--timeout", type=seconds, default=10.0, metavar="S", help="OTLP request timeout (default 10.0)"
+        )
 
     def run(self, args: argparse.Namespace) -> int:
         split = not args.endpoint  # each lane's spans made where they were read

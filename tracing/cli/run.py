@@ -36,6 +36,7 @@ from .command import CommandError, own_journal, report_problems, where
 from .env import hooks_dir
 from .export import export_file
 from .report import write_report
+from .usage import seconds
 
 EXPORTS = ("jaeger", "perfetto")
 
@@ -187,7 +188,7 @@ Returns the command's exit code.
             help=f"where run directories go (default ${keys.ENV_BASE_DIR}, else ./{keys.DEFAULT_BASE_DIR})",
         )
         parser.add_argument("--quiet", action="store_true", help="no live status line")
-        parser.add_argument("--interval", type=float, default=0.5, metavar="S", help="status refresh (default 0.5)")
+        parser.add_argument("--interval", type=seconds, default=0.5, metavar="S", help="status refresh (default 0.5)")
         parser.add_argument(
             "command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND …", help="the launch command, after --"
         )
