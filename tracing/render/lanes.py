@@ -185,9 +185,8 @@ def layout(run: RunView, now: int | None = None, depth: int | None = None, attrs
     wanted = {parent_id for _, parent_id in elsewhere}
     first_owner: dict[str, Bar] = {}
     for own in owned:  # processes in order: a launcher's root wins over a rank's colliding id
-        for parent_id in wanted - first_owner.keys():
-            if parent_id in own:
-                first_owner[parent_id] = own[parent_id]
+        for parent_id in own.keys() & wanted:  # the smaller side walked: not every wanted id per process
+            first_owner.setdefault(parent_id, own[parent_id])
     for bar, parent_id in elsewhere:
         bar.parent = first_owner.get(parent_id)
     starts = [min(map(_BAR_START, lane.bars)) for lane in lanes if lane.bars]
