@@ -167,7 +167,7 @@ def test_bad_values_are_refused_with_the_verbs_usage(
     capsys: pytest.CaptureFixture[str], run: Path, argv: list[str]
 ) -> None:
     code, out, err = cli(capsys, *[str(run) if a == "RUN" else a for a in argv])
-    option = [a for a in argv if a.startswith("--") and a != "--"][0]
+    option = next(a for a in argv if a.startswith("--") and a != "--")
     assert code == 2 and err.startswith(f"usage: phasetrace {argv[0]}") and option in err, err
     assert out == ""
 
