@@ -309,7 +309,7 @@ class Part:
         parents = {}  # span id -> its trace id, of those in the processes read here (ids are unique)
         for proc in procs:
             if wanted and proc.path not in split.paths:
-                for sid in [sid for sid in wanted if sid in proc.spans]:
+                for sid in list(proc.spans.keys() & wanted):  # the smaller side walked, not every wanted id
                     trace = proc.spans[sid].trace_id
                     parents[sid] = trace_map.get(trace, trace)
                     wanted.discard(sid)
