@@ -127,7 +127,7 @@ def test_the_readme_main_job_a_real_traced_start_then_its_timeline(tmp_path: Pat
     assert (base / "history.sqlite").is_file()  # the start was remembered
     assert "READY — 2 ranks ready" in done.stderr
     assert {p.name for p in (run_dir / "journal").iterdir()} and (run_dir / "report.html").is_file()
-    said = [line.split()[1:3] for line in done.stderr.splitlines() if line.startswith("sglang-phasetrace:")]
+    said = [line.split()[1:3] for line in done.stderr.splitlines() if line.startswith("phasetrace:")]
     assert ["tp0", "ready"] in said and ["tp1", "ready"] in said
     assert f"trace: journal {run_dir / 'journal'}/" in done.stdout
     lanes = {line.split()[0] for line in done.stdout.splitlines() if line.strip()}

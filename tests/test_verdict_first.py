@@ -283,7 +283,7 @@ def test_real_stall_under_phasetrace_run_said_once_and_flagged(tmp_path: Path, t
     seen: list[str] = []
     try:
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and not any(line.startswith("sglang-phasetrace: perfetto:") for line in seen):
+        while time.monotonic() < deadline and not any(line.startswith("phasetrace: perfetto:") for line in seen):
             line = proc.stderr.readline()
             if not line:
                 break

@@ -5,7 +5,9 @@ watchdog's words and prefix, by whoever watches. While a traced launcher with it
 the launcher says them (each is a ``diagnosis`` record in its journal) and ``phasetrace run`` prints
 only its summary after them; what no process of the run recorded, ``phasetrace run`` says itself —
 at once when no launcher watches, or at the end when the launcher died before its last words
-(SIGKILL, the OOM killer). Its own informational lines carry the same prefix.
+(SIGKILL, the OOM killer). Its own informational lines (the live line, the summary table, the files
+written) keep the ``phasetrace:`` prefix, so that a reader of the launch's stderr tells them from
+what the traced processes and the verdicts say (``sglang-phasetrace:``).
 """
 
 from __future__ import annotations
@@ -156,10 +158,10 @@ class LiveLine:
             return
         if self.tty:
             width = shutil.get_terminal_size().columns - 1
-            sys.stderr.write(f"\r\x1b[K{printable(f'{PREFIX} {line}')[:width]}")
+            sys.stderr.write(f"\r\x1b[K{printable('phasetrace: ' + line)[:width]}")
             sys.stderr.flush()
         elif signature != self.last:
-            print(printable(f"{PREFIX} {line}"), file=sys.stderr, flush=True)
+            print(printable(f"phasetrace: {line}"), file=sys.stderr, flush=True)
         self.last = signature
 
     def clear(self) -> None:
@@ -202,7 +204,7 @@ Returns the command's exit code.
         env[keys.ENV_RUN_DIR] = str(run_dir)
         self.launcher_watches = env.get(keys.ENV_WATCHDOG, "1") != "0"  # the launcher's watchdog is on
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hooks_dir()), env.get("PYTHONPATH", "")) if p)
-        print(printable(f"{PREFIX} tracing into {run_dir}"), file=sys.stderr, flush=True)
+        print(printable(f"phasetrace: tracing into {run_dir}"), file=sys.stderr, flush=True)
         try:
             child = self.start(command, env)
         except OSError as exc:
@@ -291,18 +293,18 @@ Returns the command's exit code.
         if not lay.lanes:
             print(
                 printable(
-                    f"{PREFIX} the command exited {rc} and no traced process wrote to {view.path} "
+                    f"phasetrace: the command exited {rc} and no traced process wrote to {view.path} "
                     "(did it start SGLang?)"
                 ),
                 file=sys.stderr,
             )
         elif reported is None:
-            print(printable(f"{PREFIX} the command {ended(rc)}"), file=sys.stderr)
+            print(printable(f"phasetrace: the command {ended(rc)}"), file=sys.stderr)
             self.finish(lay, found)
         else:  # the summary was printed at the milestone; bring the files up to the final state
             self.finish(lay, found, quiet=True)
             print(
-                printable(f"{PREFIX} the command {ended(rc)}; report and exports updated in {view.path}"),
+                printable(f"phasetrace: the command {ended(rc)}; report and exports updated in {view.path}"),
                 file=sys.stderr,
             )
         if lay.lanes:  # the launcher recorded it too, unless it was killed: the same row, replaced
@@ -323,7 +325,7 @@ Returns the command's exit code.
         with contextlib.suppress(Exception):
             self.line.clear()
             print(
-                printable(f"{PREFIX} internal error in {what}: {text}{still}; please report it"),
+                printable(f"phasetrace: internal error in {what}: {text}{still}; please report it"),
                 file=sys.stderr,
                 flush=True,
             )
@@ -383,7 +385,7 @@ Returns the command's exit code.
                 self.journal_failed = True
                 print(
                     printable(
-                        f"{PREFIX} cannot record verdicts in {exc.filename} ({exc.strerror or exc}); "
+                        f"phasetrace: cannot record verdicts in {exc.filename} ({exc.strerror or exc}); "
                         "they are printed here only"
                     ),
                     file=sys.stderr,
@@ -397,7 +399,7 @@ Returns the command's exit code.
         if not quiet:
             try:
                 for text in summary(lay, found, by_process(lay.run, found)):
-                    print(printable(f"{PREFIX} {text}"), file=sys.stderr)
+                    print(printable(f"phasetrace: {text}"), file=sys.stderr)
             except Exception as exc:  # the files below are still written
                 self.failed("the summary", exc)
             report_problems(lay.run, self.said)
@@ -410,9 +412,9 @@ Returns the command's exit code.
             try:
                 write(path)
                 if not quiet:
-                    print(printable(f"{PREFIX} {name}: {path}"), file=sys.stderr)
+                    print(printable(f"phasetrace: {name}: {path}"), file=sys.stderr)
             except (CommandError, OSError) as exc:
-                print(printable(f"{PREFIX} {name} not written: {exc}"), file=sys.stderr)
+                print(printable(f"phasetrace: {name} not written: {exc}"), file=sys.stderr)
             except Exception as exc:  # a bug in one renderer: the others are still written
                 self.failed(f"the {name}", exc)
         sys.stderr.flush()
