@@ -144,10 +144,12 @@ def run_side(arg: str) -> list[str]:
     return [p for p in arg.split(",") if p] or [arg]
 
 
-def report_problems(run: RunView, said: set[str] | None = None) -> None:
+def report_problems(run: RunView, said: set[str] | None = None, prefix: str = PREFIX) -> None:
+    """Each journal line and status file the view could not use, once, on stderr (``prefix``:
+    ``phasetrace run``'s own for its lines)."""
     for problem in run.problems:
         if said is None or problem not in said:
-            print(printable(f"{PREFIX} skipped {problem}"), file=sys.stderr)  # names and keys from the files
+            print(printable(f"{prefix} skipped {problem}"), file=sys.stderr)  # names and keys from the files
             if said is not None:
                 said.add(problem)
 

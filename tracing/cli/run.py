@@ -402,7 +402,7 @@ Returns the command's exit code.
                     print(printable(f"phasetrace: {text}"), file=sys.stderr)
             except Exception as exc:  # the files below are still written
                 self.failed("the summary", exc)
-            report_problems(lay.run, self.said)
+            report_problems(lay.run, self.said, prefix="phasetrace:")
         outputs = [("report", lay.run.path / "report.html", lambda p: write_report(lay, str(p), found))]
         outputs += [
             (fmt, lay.run.path / f"export-{fmt}.json", lambda p, f=fmt: export_file(lay, f, str(p), found))
