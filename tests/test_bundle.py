@@ -187,7 +187,7 @@ def test_a_bad_run_dir_is_a_clear_error_and_writes_nothing(tmp_path: Path, capsy
     out = tmp_path / "never.tar.gz"
     assert main(["bundle", str(bad), "-o", str(out)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("phasetrace bundle: ") and str(bad) in err and "run directory" in err
+    assert err.startswith("sglang-phasetrace: bundle: ") and str(bad) in err and "run directory" in err
     assert not out.exists() and not list(tmp_path.glob(".never*"))
 
 

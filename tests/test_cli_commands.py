@@ -125,8 +125,6 @@ def test_every_verb_on_a_bad_run_directory_says_why_in_one_line(
     }
     for verb, extra in READERS.items():
         for path, why in cases.items():
-            if verb == "watch" and path == str(no_journal):
-                continue  # a launch about to start: watch waits for its journals
             code, _, err = run_cli(capsys, verb, path, *extra)
             assert code == 1 and why in err and path in err, (verb, path, err)
             assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
@@ -581,9 +579,12 @@ def test_real_run_every_reader(engine_run, capsys: pytest.CaptureFixture[str], t
     assert code == 0 and all(p["delta_s"] == 0 for p in json.loads(out)["phases"])
 
     code, out, _ = run_cli(capsys, "status", run_dir, "--json")
-    rows = {r["label"]: r for r in json.loads(out)["ranks"]}
+    doc = json.loads(out)
+    rows = {r["label"]: r for r in doc["ranks"]}
     assert code == 0 and set(rows) == {"launcher", *ranks, "detokenizer"}  # every process of the launch
-    assert all(rows[r]["state"] == "ready" and rows[r]["verdict"] == "" for r in [*ranks, "detokenizer"])
+    # it served, and its processes have exited since: ended, not ready (issue 41.3)
+    assert all(rows[r]["state"] == "ended" and rows[r]["verdict"] == "" for r in ["launcher", *ranks, "detokenizer"])
+    assert doc["ended"]["t"] > 0 and doc["ended"]["how"], doc["ended"]  # a teardown, or "not recorded"
     for r in ranks:  # a heartbeat was written: its figures are shown; GPU fields stay blank on CPU
         if rows[r]["heartbeat_age_s"] is not None:
             assert rows[r]["rss"] > 0 and rows[r]["threads"] > 0 and rows[r]["gpu"] == ""
@@ -591,7 +592,7 @@ def test_real_run_every_reader(engine_run, capsys: pytest.CaptureFixture[str], t
     report = tmp_path / "real.html"
     assert run_cli(capsys, "report", run_dir, "-o", str(report))[0] == 0
     html = report.read_text()
-    assert 'class="verdict ready">READY — 2 ranks ready' in html
+    assert 'class="verdict ended">ENDED — the launch served, then ended' in html and "2 ranks were ready" in html
     data = report_data(html)
     lanes = {lane["label"]: lane for lane in data["lanes"]}
     assert set(lanes) == {"launcher", *ranks, "detokenizer"} and all(len(lanes[r]["bars"]) > 10 for r in ranks)
@@ -636,6 +637,7 @@ def test_watch_honours_every_threshold_variable(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(watch_cli, "Watchdog", watchdog)
     run = tmp_path / "run"
     run.mkdir(mode=0o700)
+    (run / "journal").mkdir(mode=0o700)
     main(["watch", str(run)])
     main(["watch", str(run), "--stall-s", "40"])
     assert made == [Thresholds(3, 13, 31, 121, 9, 61), Thresholds(3, 13, 40, 121, 9, 61)]

@@ -50,6 +50,7 @@ def _fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
 def _status(text: str) -> Any:
     """``status --json`` without what changes with the clock (ages, times in a phase)."""
     doc = json.loads(text)
+    (doc.get("ended") or {}).pop("ago_s", None)
     for row in doc["ranks"]:
         for key in ("heartbeat_age_s", "in_phase_s", "cpu_pct"):
             row.pop(key, None)
@@ -221,7 +222,15 @@ def _wrong_version(path: Path, other: Path) -> None:
 
 
 def _foreign(path: Path, other: Path) -> None:
-    shutil.copy(other / index.INDEX_NAME, path)
+    """Another run's index: its largest journal was a line longer (a copy of this run's own index
+    is its index: ``test_damaged_runs.py``)."""
+    stranger = other.parent.parent / "stranger" / other.name
+    shutil.copytree(other, stranger, ignore=shutil.ignore_patterns(index.INDEX_NAME))
+    journal = max((stranger / "journal").glob("*.jsonl"), key=lambda p: p.stat().st_size)
+    with journal.open("ab") as f:
+        f.write(journal.read_bytes().splitlines(keepends=True)[-1])
+    load.index_run([stranger])
+    shutil.copy(stranger / index.INDEX_NAME, path)
 
 
 def _link(path: Path, other: Path) -> None:
@@ -261,7 +270,7 @@ def _unreadable(path: Path, other: Path) -> None:
         (_span_edited, "checksum"),
         (_spans_edited, "checksum"),
         (_wrong_version, "another version"),
-        (_foreign, "another run directory"),
+        (_foreign, "of another run"),
         (_link, "symbolic link"),
         (_fifo, "not a regular file"),
         (_unreadable, "cannot be read"),

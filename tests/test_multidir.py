@@ -87,7 +87,7 @@ def test_timeline_shows_every_rank_of_both_nodes(dirs: list[str], capsys: pytest
     assert set(rows) == NAMES, out
     assert f"open in {STALL_PHASE}" in rows["tp3@node-1"]
     assert "ready" in rows["tp0@node-0"] and "ready" in rows["tp2@node-1"]
-    code, out, _ = cli(capsys, "timeline", *dirs, "--depth", "3", "--width", "60")  # narrow, nested: no crash
+    code, out, _ = cli(capsys, "timeline", *dirs, "--depth", "3", "--width", "75")  # the narrowest, nested: no crash
     assert code == 0 and "tp3@node-1" in out
 
 

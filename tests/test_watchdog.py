@@ -162,7 +162,7 @@ def test_rank_holding_the_gil_in_c_is_named_silent_with_stack_from_outside(tmp_p
                 str(run_dir),
                 "--interval",
                 str(HB),
-                "--silent-s",
+                "--silent-after",
                 "4",
                 "--stall-s",
                 "120",

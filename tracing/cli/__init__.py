@@ -1,8 +1,9 @@
 """The ``phasetrace`` command line: one name, one module per verb.
 
 To add a verb, write a module with a class satisfying ``command.Command`` and add it to ``VERBS``
-below. Only the verb asked for is imported (a viewer never loads the bundle's or the pre-flight's
-modules); ``phasetrace --help`` imports them all.
+below (and to ``usage.RETURNS`` when it returns codes beyond 0, 1, 2 and 130). Only the verb
+asked for is imported (a viewer never loads the bundle's or the pre-flight's modules);
+``phasetrace --help`` imports them all.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import os
 import sys
 
 from ..redact import printable
-from .command import EXIT_FAILED, EXIT_STALLED, Command, CommandError, where
+from .command import PREFIX, Command, CommandError, where
+from .usage import epilog
 
-EPILOG = f"""\
-exit codes: 0 fine, 1 error, 2 bad usage, {EXIT_STALLED} a rank is stalled, {EXIT_FAILED} a rank failed.
+ABOUT = """\
 Run directories are written by traced processes under $SGLANG_PHASETRACE_DIR (default ./phasetrace-runs).
 Start with:  phasetrace run -- python -m sglang.launch_server --model-path M --tp 2
 """
@@ -48,20 +49,30 @@ def commands(only: str | None = None) -> list[Command]:
     return [getattr(importlib.import_module(f"{__name__}.{VERBS[n][0]}"), VERBS[n][1])() for n in names]
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sglang-phasetrace")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        return "unknown"
+
+
 def build_parser(verbs: list[Command]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="phasetrace",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=EPILOG,
+        epilog=epilog(None) + ABOUT,
         description="See where each SGLang rank spends its startup, live or after the fact.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="verb", metavar="COMMAND", required=True)
     for verb in verbs:
         p = sub.add_parser(
             verb.name,
             help=verb.help,
             description=verb.description,
-            epilog=EPILOG,
+            epilog=epilog(verb.name) + ABOUT,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         verb.add_arguments(p)
@@ -72,7 +83,11 @@ def build_parser(verbs: list[Command]) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        args = build_parser(commands(argv[0] if argv else None)).parse_args(argv)
+        parser = build_parser(commands(argv[0] if argv else None))
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # the verb's own usage, not the top level's: it is the verb's option that is wrong
+            verb_parser = parser._subparsers._group_actions[0].choices[args.verb]  # type: ignore[union-attr]
+            verb_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # --help, or bad usage (argparse printed why)
         return exc.code if isinstance(exc.code, int) else 2
     if getattr(args.command, "bulk", False):
@@ -80,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.command.run(args)
     except CommandError as exc:
-        print(printable(f"phasetrace {args.verb}: {exc}"), file=sys.stderr)
+        print(printable(f"{PREFIX} {args.verb}: {exc}"), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
@@ -89,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except Exception as exc:  # a bug of ours: one line that says where, not a traceback
         print(
-            printable(f"phasetrace {args.verb}: internal error: {exc!r}{where(exc)}; please report it"), file=sys.stderr
+            printable(f"{PREFIX} {args.verb}: internal error: {exc!r}{where(exc)}; please report it"), file=sys.stderr
         )
         return 1
     finally:

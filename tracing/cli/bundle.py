@@ -24,7 +24,7 @@ from ..render.units import size
 from .bundle_archive import TOP, Bundle, summary, write_archive
 from .bundle_run import SAFE_NAME, collect_run
 from .bundle_system import collect_system
-from .command import CommandError
+from .command import PREFIX, CommandError
 
 GITHUB_ATTACHMENT = 25 << 20  # GitHub's limit for a file attached to an issue
 
@@ -82,5 +82,5 @@ verdict first, to paste into the issue. Everything is redacted; look it over bef
                 f"note: GitHub takes attachments up to {size(GITHUB_ATTACHMENT)}; share it another way", file=sys.stderr
             )
         if bundle.missing:
-            print(f"phasetrace bundle: {len(bundle.missing)} item(s) not collected (see SUMMARY.md)", file=sys.stderr)
+            print(f"{PREFIX} bundle: {len(bundle.missing)} item(s) not collected (see SUMMARY.md)", file=sys.stderr)
         return 0

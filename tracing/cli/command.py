@@ -21,6 +21,8 @@ from ..journal.writer import JournalWriter
 from ..reader.load import load_run
 from ..reader.view import RunView
 from ..redact import printable
+from ..verdicts.diagnose import PREFIX
+from .usage import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_STALLED
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -28,9 +30,8 @@ if TYPE_CHECKING:
 
     from ..render.lane_jobs import Held
 
-# Exit codes beyond 0 (fine), 1 (error) and 2 (bad usage, from argparse).
-EXIT_STALLED = 3
-EXIT_FAILED = 4
+# exit codes: the one table (``usage``); every line the CLI says carries the verdicts' prefix
+__all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "EXIT_STALLED", "PREFIX"]
 
 
 RUN_DIRS_HELP = (
@@ -145,6 +146,12 @@ def open_run(path: str | Path, *more: str | Path, split: bool = False) -> RunVie
     return run
 
 
+def complete(run: RunView, code: int = 0) -> int:
+    """A viewer's exit code: ``code``, or ``EXIT_INCOMPLETE`` where nothing worse was found and a
+    journal of the run could not be read (its process is shown, its phases are not known)."""
+    return EXIT_INCOMPLETE if code == 0 and any(p.unreadable is not None for p in run.processes) else code
+
+
 def run_side(arg: str) -> list[str]:
     """``DIR0,DIR1`` (one launch, a directory per node) as its directories; a directory whose own
     name holds a comma stays whole."""
@@ -153,10 +160,12 @@ def run_side(arg: str) -> list[str]:
     return [p for p in arg.split(",") if p] or [arg]
 
 
-def report_problems(run: RunView, said: set[str] | None = None) -> None:
+def report_problems(run: RunView, said: set[str] | None = None, prefix: str = PREFIX) -> None:
+    """Each journal line and status file the view could not use, once, on stderr (``prefix``:
+    ``phasetrace run``'s own for its lines)."""
     for problem in run.problems:
         if said is None or problem not in said:
-            print(printable(f"phasetrace: skipped {problem}"), file=sys.stderr)  # names and keys from the files
+            print(printable(f"{prefix} skipped {problem}"), file=sys.stderr)  # names and keys from the files
             if said is not None:
                 said.add(problem)
 
@@ -203,12 +212,18 @@ def write_file(path: Path, write: Callable[[int], None]) -> None:
 
 
 def make_console(width: int | None = None) -> Console:
-    """Rich console; off a terminal (pipe, log) wide enough that table rows never wrap."""
+    """Rich console. Its width: ``width``, else ``$COLUMNS``, else the terminal's; off a terminal
+    (pipe, log) without ``$COLUMNS``, wide enough that table rows never wrap. ``$NO_COLOR`` (any
+    value, no-color.org): no escape codes at all on a terminal, neither colour nor bold, dim or
+    italic (they are styles of the same codes; a reader who asked for none gets none)."""
     from rich.console import Console  # the verbs that print tables: not loaded for an export or a report
 
-    console = Console(highlight=False, width=width, soft_wrap=True)
+    plain = {"color_system": None} if os.environ.get("NO_COLOR") else {}
+    if width is None and os.environ.get("COLUMNS", "").isdigit() and int(os.environ["COLUMNS"]) > 0:
+        width = int(os.environ["COLUMNS"])
+    console = Console(highlight=False, width=width, soft_wrap=True, **plain)
     if width is None and not console.is_terminal:
-        console = Console(highlight=False, width=max(console.width, 200), soft_wrap=True)
+        console = Console(highlight=False, width=max(console.width, 200), soft_wrap=True, **plain)
     return console
 
 

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
+from ..reader.view import ProcessRec
 from ..render.compare_table import ranks_table, runs_table
-from ..render.lanes import layout
+from ..render.lanes import layout, unreadable_text
 from ..render.phase_stats import between_runs, within_run
-from .command import CommandError, make_console, open_run, run_side
+from ..render.term import text
+from .command import CommandError, complete, make_console, open_run, run_side
+from .usage import at_least
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 class Compare:
@@ -38,7 +45,7 @@ Phases that never ended count up to the end of the run and are marked (open).
             "with commas, one per node: DIR0,DIR1",
         )
         parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-        parser.add_argument("--top", type=int, metavar="N", help="show only the first N phases")
+        parser.add_argument("--top", type=at_least(1), metavar="N", help="show only the first N phases (N ≥ 1)")
         parser.add_argument(
             "--baseline",
             action="store_true",
@@ -55,25 +62,36 @@ Phases that never ended count up to the end of the run and are marked (open).
             raise CommandError(f"takes one run directory (ranks) or two (A B), not {len(args.runs)}", 2)
         lays = [layout(open_run(*run_side(arg), split=True), attrs=False) for arg in args.runs]  # shows no attrs
         console = make_console()
+        missed = [(arg, p) for arg, lay in zip(args.runs, lays, strict=True) for p in lay.run.processes if p.unreadable]
+        unread = [
+            {"run": arg, "label": p.label, "pid": p.pid, "journal": str(p.path), "why": p.unreadable}
+            for arg, p in missed
+        ]
+        code = max(complete(lay.run) for lay in lays)
         if len(lays) == 1:
             stats = within_run(lays[0])
             if args.json:
-                print(json.dumps({"run": args.runs[0], "phases": [s.to_json() for s in stats[: args.top]]}, indent=1))
+                phases = [s.to_json() for s in stats[: args.top]]
+                print(json.dumps({"run": args.runs[0], "phases": phases, "unreadable": unread}, indent=1))
             else:
                 console.print(
                     ranks_table(stats, f"{lays[0].run.run_id}: phases across ranks, largest skew first", args.top)
                 )
-            return 0
+                _not_counted(console, missed)
+            return code
         a, b = lays
         deltas = between_runs(a, b)
         if args.json:
-            print(
-                json.dumps(
-                    {"a": args.runs[0], "b": args.runs[1], "phases": [d.to_json() for d in deltas[: args.top]]},
-                    indent=1,
-                )
-            )
+            phases = [d.to_json() for d in deltas[: args.top]]
+            print(json.dumps({"a": args.runs[0], "b": args.runs[1], "phases": phases, "unreadable": unread}, indent=1))
         else:
             title = f"slowest rank per phase, largest change first\n  A = {args.runs[0]}\n  B = {args.runs[1]}"
             console.print(runs_table(deltas, title, args.top))
-        return 0
+            _not_counted(console, missed)
+        return code
+
+
+def _not_counted(console: Console, missed: list[tuple[str, ProcessRec]]) -> None:
+    """Under the table: each process whose journal could not be read, so its phases are not counted."""
+    for arg, proc in missed:
+        console.print(text(f"{proc.label}: {unreadable_text(proc)} ({arg}): not counted", style="red"))

@@ -15,7 +15,8 @@ from ..render.otlp_json import otlp_chunks
 from ..render.perfetto import perfetto_chunks
 from ..verdicts.diagnose import Finding
 from ..verdicts.findings import findings
-from .command import RUN_DIRS_HELP, CommandError, open_run, write_chunks
+from .command import RUN_DIRS_HELP, CommandError, complete, open_run, write_chunks
+from .usage import seconds
 
 # format -> its document a piece at a time, each lane's made where its spans are (a split run's child)
 FORMATS: dict[str, Callable[[Layout, list[Finding]], Iterator[bytes | Held]]] = {
@@ -101,7 +102,9 @@ for it carry phasetrace.waiting_for.
         parser.add_argument(
             "--header", action="append", default=[], metavar="KEY=VALUE", help="extra OTLP request header (repeatable)"
         )
-        parser.add_argument("--timeout", type=float, default=10.0, metavar="S", help="OTLP request timeout")
+        parser.add_argument(
+            "--timeout", type=seconds, default=10.0, metavar="S", help="OTLP request timeout (default 10.0)"
+        )
 
     def run(self, args: argparse.Namespace) -> int:
         split = not args.endpoint  # each lane's spans made where they were read
@@ -110,9 +113,9 @@ for it carry phasetrace.waiting_for.
             headers = dict(h.split("=", 1) for h in args.header if "=" in h)
             n = send(lay, args.endpoint, args.protocol, headers, args.timeout)
             print(printable(f"sent {n} spans from {len(lay.lanes)} processes to {args.endpoint} ({args.protocol})"))
-            return 0
+            return complete(lay.run)
         output = args.output or str(Path(args.run_dirs[0]) / f"export-{args.format}.json")
         export_file(lay, args.format, output)
         if output != "-":
             print(f"wrote {output}")
-        return 0
+        return complete(lay.run)

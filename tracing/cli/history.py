@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from ..render.history_table import baseline_table, phases_table, starts_table, t
 from ..render.term import text
 from ..render.units import duration
 from .command import CommandError, make_console, open_run, run_side
+from .usage import at_least
 
 TOP_ALL = 10  # phases shown per launch when every launch is listed
 
@@ -56,10 +58,12 @@ trend: which phase of the newest start grew past its earlier median.
         parser.add_argument("--dir", metavar="BASE", help="the base directory whose history to read")
         parser.add_argument("--fingerprint", metavar="ID", help="one launch (its fingerprint id, or a prefix)")
         parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-        parser.add_argument("--limit", type=int, default=10, metavar="N", help="starts shown per launch (default 10)")
+        parser.add_argument(
+            "--limit", type=at_least(1), default=10, metavar="N", help="starts shown per launch (default 10)"
+        )
         parser.add_argument(
             "--top",
-            type=int,
+            type=at_least(1),
             metavar="N",
             help=f"the N longest phases (default: all; {TOP_ALL} per launch when all are listed)",
         )
@@ -74,6 +78,8 @@ trend: which phase of the newest start grew past its earlier median.
         if args.record:
             return self.record(args)
         path = _where(args.dir)
+        if not os.path.lexists(path):  # nothing recorded yet: an empty history, not an error (`| jq`)
+            return self.show(path, [], args)
         with _open(path) as history:
             try:
                 launches = history.launches()
@@ -83,6 +89,9 @@ trend: which phase of the newest start grew past its earlier median.
                 out = [self._launch(history, la, args) for la in launches]
             except HistoryError as exc:
                 raise CommandError(str(exc)) from None
+        return self.show(path, out, args)
+
+    def show(self, path: Path, out: list[dict[str, Any]], args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"history": str(path), "launches": [o["json"] for o in out]}, indent=1))
             return 0

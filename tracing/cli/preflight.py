@@ -28,7 +28,7 @@ from ..render.compare_table import ranks_table
 from ..render.lanes import Layout, layout
 from ..render.phase_stats import within_run
 from ..render.run_text import status_line
-from ..verdicts.diagnose import Finding
+from ..verdicts.diagnose import PREFIX, Finding
 from ..verdicts.findings import ENDED, alarms, by_process
 from .command import EXIT_FAILED, EXIT_STALLED, CommandError, make_console
 from .preflight_plan import (
@@ -43,6 +43,7 @@ from .preflight_plan import (
     span,
 )
 from .run import LiveLine, Run
+from .usage import at_least, seconds
 
 GRACE_S = 30.0  # SIGTERM to SIGKILL
 SAMPLE = 256 * 1024 * 1024  # bytes of the first shard read to measure the storage
@@ -131,7 +132,7 @@ class Leader(subprocess.Popen):
 
 
 def say(text: str) -> None:
-    print(printable(f"phasetrace preflight: {text}"), file=sys.stderr, flush=True)
+    print(printable(f"{PREFIX} preflight: {text}"), file=sys.stderr, flush=True)
 
 
 class Preflight(Run):
@@ -150,7 +151,7 @@ known-fix hints (said by the watchdog), without waiting for the deadline; not re
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
-            "--deadline", type=float, default=1800.0, metavar="S", help="give up after S seconds (default 1800)"
+            "--deadline", type=seconds, default=1800.0, metavar="S", help="give up after S seconds (default 1800)"
         )
         parser.add_argument(
             "--shrink",
@@ -158,7 +159,7 @@ known-fix hints (said by the watchdog), without waiting for the deadline; not re
             help="a small KV pool (--max-total-tokens); parallel layout, graphs and draft unchanged",
         )
         parser.add_argument(
-            "--max-total-tokens", type=int, default=4096, metavar="N", help="with --shrink (default 4096)"
+            "--max-total-tokens", type=at_least(1), default=4096, metavar="N", help="with --shrink (default 4096)"
         )
         parser.add_argument("--no-read-rate", action="store_true", help="do not read the first shard to time it")
         super().add_arguments(parser)

@@ -22,10 +22,10 @@ from ..journal.layout import JOURNAL_DIR, STARTUP_FILE
 from ..journal.tail import read_regular
 from ..redact import printable
 from ..verdicts.startup import CODES, Startup
-from .command import CommandError, newest_run, untrusted
+from .command import CommandError, newest_run, report_problems, untrusted
+from .usage import STILL_STARTING, seconds
 
 STATE_MAX = 1 << 20  # a state file is a few kB; more is not ours
-STILL_STARTING = 9  # ``--wait``: the time given ran out while the start progresses
 
 
 def find_run(arg: str | None) -> Path | None:
@@ -35,6 +35,8 @@ def find_run(arg: str | None) -> Path | None:
     given = arg or os.environ.get(keys.ENV_RUN_DIR)
     if given:
         path = Path(given)
+        if os.path.exists(path) and not path.is_dir():
+            raise CommandError(f"{path}: not a run directory (not a directory)")
         return path if (path / JOURNAL_DIR).is_dir() or not path.is_dir() else newest_run(path) or path
     return newest_run(os.environ.get(keys.ENV_BASE_DIR) or keys.DEFAULT_BASE_DIR)
 
@@ -66,6 +68,7 @@ def assess_journals(run_dir: Path, now_ns: int) -> dict[str, Any]:
     from ..verdicts.findings import findings, gone_ranks
 
     view = load_run(run_dir)
+    report_problems(view)  # on stderr: stdout is the one line
     return startup.of_pass(view, findings(view, now_ns, gone=gone_ranks(view)), now_ns).to_json()
 
 
@@ -74,10 +77,8 @@ class Probe:
     help = "exit 0 while the start progresses or serves, a verdict's code once one stands (for orchestrators)"
     description = f"""\
 An exec probe for Kubernetes, Slurm or a shell gate. Exits 0 while the start progresses (slowly
-or not) or the launch serves; once a verdict stands, its code:
-  {CODES["stalled"]} stalled   {CODES["failed"]} failed (a process died or failed; the launcher ended before serving)
-  {CODES["not_started"]} not started   {CODES["stopped"]} stopped from outside   {CODES["no_run"]} no run directory yet
-  {CODES["ended"]} the launch served and has ended   {STILL_STARTING} (--wait) still starting when the time ran out
+or not) or the launch serves; once a verdict stands, its code (below). A RUN_DIR that is a file,
+not a directory, is an error (1), not a run still to come ({CODES["no_run"]}).
 One line on stdout says why (the verdict's first line). It finds the run as the CLI does: RUN_DIR
 (or a directory of runs: its newest), else ${keys.ENV_RUN_DIR}, else the newest run of
 ${keys.ENV_BASE_DIR}. It signals, traces and pauses nothing.
@@ -87,9 +88,14 @@ ${keys.ENV_BASE_DIR}. It signals, traces and pauses nothing.
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run directory, or a directory of runs")
-        parser.add_argument("--json", action="store_true", help="the start's state as one JSON document")
         parser.add_argument(
-            "--wait", type=float, metavar="S", help="wait up to S seconds for the launch to serve or a verdict"
+            "--json",
+            action="store_true",
+            help="the start's state as one JSON document: exit_code, and processes (a list; null where the "
+            "answer came from the watchdog's state file, which holds none)",
+        )
+        parser.add_argument(
+            "--wait", type=seconds, metavar="S", help="wait up to S seconds for the launch to serve or a verdict"
         )
 
     def run(self, args: argparse.Namespace) -> int:
@@ -100,7 +106,8 @@ ${keys.ENV_BASE_DIR}. It signals, traces and pauses nothing.
             if not waiting or time.monotonic() >= deadline:  # type: ignore[operator]
                 break
             time.sleep(1.0)
-        code = STILL_STARTING if waiting else doc["code"]
+        state_code = doc.pop("code")  # one exit code in the JSON: the probe's own
+        code = STILL_STARTING if waiting else state_code
         if args.json:
             print(json.dumps({**doc, "exit_code": code}, indent=1))
         else:
@@ -114,7 +121,7 @@ ${keys.ENV_BASE_DIR}. It signals, traces and pauses nothing.
         if run_dir is None or not (run_dir / JOURNAL_DIR).is_dir():
             where = run_dir or Path(os.environ.get(keys.ENV_BASE_DIR) or keys.DEFAULT_BASE_DIR)
             line = f"sglang-phasetrace: no run in {where} yet"
-            return Startup("no_run", line, run=str(where), t=now).to_json() | {"processes": None}
+            return Startup("no_run", line, run=str(where), t=now).to_json()  # processes: []
         state = run_dir / STARTUP_FILE
         why = untrusted(run_dir) or (files.not_private(state) if os.path.lexists(state) else None)
         if why is not None:
@@ -128,6 +135,6 @@ ${keys.ENV_BASE_DIR}. It signals, traces and pauses nothing.
                 doc = assess_journals(run_dir, now)
             except OSError as exc:
                 raise CommandError(f"{run_dir}: cannot read the run ({exc.strerror or exc})") from None
+            return doc  # with its processes, as the journals say them
         doc.pop("writer", None)
-        doc.pop("processes", None)
-        return doc
+        return doc | {"processes": None}  # the state file holds none

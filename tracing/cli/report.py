@@ -5,18 +5,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..reader.ended import Ended, of_run
 from ..render.html_report import render_report
 from ..render.lanes import Layout, layout
 from ..verdicts.diagnose import Finding
 from ..verdicts.findings import by_process, findings
-from .command import RUN_DIRS_HELP, open_run, write_output
+from .command import RUN_DIRS_HELP, complete, open_run, write_output
 
 
-def write_report(lay: Layout, output: str, found: list[Finding] | None = None) -> None:
+def write_report(lay: Layout, output: str, found: list[Finding] | None = None, ended: Ended | None = None) -> None:
     """Judged at the run's last record (unless ``found`` is given), so an old finished run is not
-    called silent today."""
+    called silent today; ``ended``: the launch served and has ended since (``reader.ended.of_run``)."""
     found = findings(lay.run, lay.end) if found is None else found
-    write_output(render_report(lay, found, by_process(lay.run, found)), output)
+    write_output(render_report(lay, found, by_process(lay.run, found), ended), output)
 
 
 class Report:
@@ -42,7 +43,7 @@ with the culprit's stack dump, errors with their tracebacks, one timeline lane p
     def run(self, args: argparse.Namespace) -> int:
         lay = layout(open_run(*args.run_dirs, split=True))  # each lane's bars made where they were read
         output = args.output or str(Path(args.run_dirs[0]) / "report.html")
-        write_report(lay, output)
+        write_report(lay, output, ended=of_run(lay.run))
         if output != "-":
             print(f"wrote {output}")
-        return 0
+        return complete(lay.run)

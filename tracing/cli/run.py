@@ -5,7 +5,9 @@ watchdog's words and prefix, by whoever watches. While a traced launcher with it
 the launcher says them (each is a ``diagnosis`` record in its journal) and ``phasetrace run`` prints
 only its summary after them; what no process of the run recorded, ``phasetrace run`` says itself —
 at once when no launcher watches, or at the end when the launcher died before its last words
-(SIGKILL, the OOM killer). Its own informational lines keep the ``phasetrace:`` prefix.
+(SIGKILL, the OOM killer). Its own informational lines (the live line, the summary table, the files
+written) keep the ``phasetrace:`` prefix, so that a reader of the launch's stderr tells them from
+what the traced processes and the verdicts say (``sglang-phasetrace:``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from .command import CommandError, own_journal, report_problems, where
 from .env import hooks_dir
 from .export import export_file
 from .report import write_report
+from .usage import seconds
 
 EXPORTS = ("jaeger", "perfetto")
 
@@ -187,7 +190,7 @@ Returns the command's exit code.
             help=f"where run directories go (default ${keys.ENV_BASE_DIR}, else ./{keys.DEFAULT_BASE_DIR})",
         )
         parser.add_argument("--quiet", action="store_true", help="no live status line")
-        parser.add_argument("--interval", type=float, default=0.5, metavar="S", help="status refresh (default 0.5)")
+        parser.add_argument("--interval", type=seconds, default=0.5, metavar="S", help="status refresh (default 0.5)")
         parser.add_argument(
             "command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND …", help="the launch command, after --"
         )
@@ -399,7 +402,7 @@ Returns the command's exit code.
                     print(printable(f"phasetrace: {text}"), file=sys.stderr)
             except Exception as exc:  # the files below are still written
                 self.failed("the summary", exc)
-            report_problems(lay.run, self.said)
+            report_problems(lay.run, self.said, prefix="phasetrace:")
         outputs = [("report", lay.run.path / "report.html", lambda p: write_report(lay, str(p), found))]
         outputs += [
             (fmt, lay.run.path / f"export-{fmt}.json", lambda p, f=fmt: export_file(lay, f, str(p), found))

@@ -13,34 +13,46 @@ import psutil
 from rich.console import Group
 from rich.live import Live
 
+from ..reader.ended import of_run
 from ..reader.load import refresh_parallel
 from ..reader.view import RunView
-from ..render.lanes import layout
+from ..render.lanes import DONE, layout
 from ..render.missing import missing
 from ..render.status_table import StatusRow, status_rows, status_table, verdict_lines
 from ..render.term import text
 from ..verdicts import usual
-from ..verdicts.diagnose import Finding, Thresholds, suspects
+from ..verdicts.diagnose import PREFIX, Finding, Thresholds, suspects
 from ..verdicts.evidence.ranks import RankReader
 from ..verdicts.findings import ENDED, alarms, by_process, findings, gone_ranks
-from .command import EXIT_FAILED, EXIT_STALLED, RUN_DIRS_HELP, check_run_dir, make_console, report_problems
+from .command import (
+    EXIT_FAILED,
+    EXIT_INCOMPLETE,
+    EXIT_STALLED,
+    RUN_DIRS_HELP,
+    check_run_dir,
+    make_console,
+    report_problems,
+)
+from .usage import SILENT_HELP, seconds
 
 
 def exit_code(rows: list[StatusRow], found: list[Finding]) -> int:
     """The first verdict decides (root cause first): a rank that died or failed, else a stall
-    (a rank, or a stall no single rank explains: divergence, no progress). Notices do not count."""
+    (a rank, or a stall no single rank explains: divergence, no progress). Notices do not count.
+    Else a journal that cannot be read: the view is incomplete."""
     verdicts = alarms(found)
     if verdicts:
         return EXIT_FAILED if verdicts[0].kind in ENDED else EXIT_STALLED
     if any(r.state in ("failed", "incomplete", "gone") for r in rows):
         return EXIT_FAILED
-    return 0
+    return EXIT_INCOMPLETE if any(r.state == "unreadable" for r in rows) else 0
 
 
 def finished(rows: list[StatusRow]) -> bool:
-    """Nothing will change any more: every process ready, failed or gone."""
+    """Nothing will change any more: every process ready, failed, gone or ended."""
     return bool(rows) and all(
-        r.state in ("ready", "serving", "failed", "incomplete", "gone", "exited", "died") for r in rows
+        r.state in ("ready", "serving", "ended", "failed", "incomplete", "gone", "exited", "died", "unreadable")
+        for r in rows
     )
 
 
@@ -53,7 +65,8 @@ heartbeat, progress, CPU/memory/GPU figures when the heartbeat carries them, and
 verdict (the watchdog's diagnosis, else a fresh analysis); below, what the run's files lack (the
 records a full disk kept out of each journal: still held, or lost). On a terminal it refreshes
 until every rank is ready or has stopped; --once, or an output that is not a terminal, prints one
-frame. Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one failed, so scripts can poll it:
+frame. Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one failed, so scripts can poll it
+({EXIT_INCOMPLETE}: nothing worse is seen, but a journal cannot be read; its row says so):
 
   phasetrace status RUN_DIR --once || echo "startup is in trouble"
   phasetrace status RUN_DIR --once --json | jq '.ranks[] | select(.state != "ready")'
@@ -63,14 +76,8 @@ frame. Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one fa
         parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help=RUN_DIRS_HELP)
         parser.add_argument("--once", action="store_true", help="print one frame and exit")
         parser.add_argument("--json", action="store_true", help="one JSON document (implies --once)")
-        parser.add_argument("--interval", type=float, default=1.0, metavar="S", help="refresh period (default 1)")
-        parser.add_argument(
-            "--silent-after",
-            type=float,
-            metavar="S",
-            help="no heartbeat for this long counts as silent (default: "
-            "$SGLANG_PHASETRACE_SILENT_S, else 3 heartbeats)",
-        )
+        parser.add_argument("--interval", type=seconds, default=1.0, metavar="S", help="refresh period (default 1.0)")
+        parser.add_argument("--silent-after", type=seconds, metavar="S", help=SILENT_HELP)
 
     def frame(
         self,
@@ -90,6 +97,10 @@ frame. Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one fa
         here = socket.gethostname()
         alive = {(p.host, p.pid): psutil.pid_exists(p.pid) for p in view.processes if p.host == here}
         rows = status_rows(lay, now, by_process(view, found), alive)
+        self.ended = of_run(view, now)  # the launch served, and every process of it is gone since
+        for r in rows if self.ended is not None else ():
+            if r.state in DONE:
+                r.state = "ended"
         idle = {p.pid: ev for p in suspects(view, now, thresholds) if (ev := waits(p)) is not None}
         for r in rows:
             r.waits_on = idle[r.pid].text if r.pid in idle and not idle[r.pid].gone else ""
@@ -102,9 +113,10 @@ frame. Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one fa
         extra = [text(f"{f.kind}: {f.message}", style="red") for f in unnamed]
         self.missing = missing(view, alive)  # records a full disk kept out of the journals
         lacking = [text(f"missing: {line}", style="yellow") for line in self.missing]
-        table = status_table(rows, f"{view.run_id}  ({len(rows)} processes)")
-        history = [text(self.outlook["line"])] if self.outlook else []
-        return rows, found, Group(table, *verdict_lines(rows), *extra, *lacking, *history)
+        table = status_table(rows, f"{view.run_id}  ({len(rows)} processes{', ended' if self.ended else ''})")
+        history = [text(self.outlook["line"])] if self.outlook and not self.ended else []
+        over = [text(f"{PREFIX} {self.ended.line(now)}")] if self.ended is not None else []
+        return rows, found, Group(table, *over, *verdict_lines(rows), *extra, *lacking, *history)
 
     def run(self, args: argparse.Namespace) -> int:
         view = RunView(*(check_run_dir(path) for path in args.run_dirs))
@@ -133,6 +145,7 @@ frame. Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one fa
                             "findings": [dataclasses.asdict(f) for f in found],
                             "missing": self.missing,
                             "history": self.outlook or None,
+                            "ended": self.ended.to_json(time.time_ns()) if self.ended is not None else None,
                         },
                         indent=1,
                     )

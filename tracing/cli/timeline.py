@@ -6,8 +6,9 @@ import argparse
 
 from ..render.jsonout import dumps
 from ..render.lanes import layout
-from ..render.timeline_text import render_timeline, timeline_json
-from .command import RUN_DIRS_HELP, make_console, open_run, print_lines, write_output
+from ..render.timeline_text import MIN_WIDTH, render_timeline, timeline_json
+from .command import RUN_DIRS_HELP, complete, make_console, open_run, print_lines, write_output
+from .usage import at_least
 
 
 class Timeline:
@@ -27,21 +28,26 @@ capitals; a phase that never ended (still running, or the process died there) en
         parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help=RUN_DIRS_HELP)
         parser.add_argument(
             "--depth",
-            type=int,
+            type=at_least(0),
             default=1,
             metavar="N",
             help="phase levels below each process root to draw, one row each (default 1; 0 draws the roots)",
         )
-        parser.add_argument("--width", type=int, metavar="COLS", help="chart width (default: the terminal's)")
+        parser.add_argument(
+            "--width",
+            type=at_least(MIN_WIDTH),
+            metavar="COLS",
+            help=f"chart width, at least {MIN_WIDTH} (default: $COLUMNS, else the terminal's, else 200)",
+        )
         parser.add_argument("--json", action="store_true", help="each process's phases as one JSON document")
 
     def run(self, args: argparse.Namespace) -> int:
-        depth = max(0, args.depth)
+        depth = args.depth
         if args.json:
             lay = layout(open_run(*args.run_dirs), depth=depth)
             write_output(dumps(timeline_json(lay, depth)) + b"\n", None)
-            return 0
+            return complete(lay.run)
         lay = layout(open_run(*args.run_dirs, split=True), depth=depth)  # each lane's rows drawn where it was read
         console = make_console(args.width)
-        print_lines(console, render_timeline(lay, width=console.width, depth=max(0, args.depth)))
-        return 0
+        print_lines(console, render_timeline(lay, width=console.width, depth=depth))
+        return complete(lay.run)

@@ -12,7 +12,8 @@ from ..journal.writer import JournalWriter
 from ..redact import printable
 from ..verdicts.diagnose import Thresholds
 from ..verdicts.watchdog import Watchdog
-from .command import EXIT_STALLED, check_run_dir, own_journal, report_problems
+from .command import EXIT_STALLED, PREFIX, check_run_dir, own_journal, report_problems
+from .usage import SILENT_HELP, seconds
 
 
 class Watch:
@@ -25,7 +26,7 @@ still in a phase all peers left), divergent collectives, or no progress anywhere
 one line on stderr and a `diagnosis` record in RUN_DIR/journal/, with stack dumps of the ranks
 involved in RUN_DIR/stacks/. Stops when every rank is ready.
 
-example:  phasetrace watch phasetrace-runs/20261129-101500-ab12cd --stall-s 60
+example:  phasetrace watch phasetrace-runs/20261129-101500-ab12cd --stall-s 60 --silent-after 20
 """
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -33,43 +34,41 @@ example:  phasetrace watch phasetrace-runs/20261129-101500-ab12cd --stall-s 60
         parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory written by a traced launch")
         parser.add_argument(
             "--stall-s",
-            type=float,
+            type=seconds,
             default=defaults.stall_s,
+            metavar="S",
             help="no progress for this long while peers wait = straggler (default %(default)s)",
         )
-        parser.add_argument(
-            "--silent-s",
-            type=float,
-            default=defaults.silent_s,
-            help="no heartbeat for this long = silent (default %(default)s)",
-        )
+        parser.add_argument("--silent-after", type=seconds, metavar="S", help=SILENT_HELP)
+        parser.add_argument("--silent-s", type=seconds, dest="silent_after", help=argparse.SUPPRESS)  # its old name
         parser.add_argument(
             "--no-progress-s",
-            type=float,
+            type=seconds,
             default=defaults.no_progress_s,
+            metavar="S",
             help="nothing moved on any rank for this long (default %(default)s)",
         )
         parser.add_argument(
             "--interval",
-            type=float,
-            default=defaults.heartbeat_s,
-            help="seconds between passes (default: the heartbeat interval, %(default)s)",
+            type=seconds,
+            metavar="S",
+            help="seconds between passes (default: the heartbeat interval, $SGLANG_PHASETRACE_HEARTBEAT_S, else 2)",
         )
         parser.add_argument(
             "--exit-on-stall",
             action="store_true",
             help=f"exit with code {EXIT_STALLED} at the first finding (for scripts)",
         )
-        parser.add_argument("--timeout", type=float, help="give up after this many seconds")
+        parser.add_argument("--timeout", type=seconds, metavar="S", help="give up after this many seconds")
         parser.add_argument("--no-py-spy", action="store_true", help="faulthandler stacks only")
 
     def run(self, args: argparse.Namespace) -> int:
-        # a launch about to start may not have a journal yet; what others could write is no ground to signal
-        run_dir = check_run_dir(args.run_dir, journal=False, doing="watch")
+        run_dir = check_run_dir(args.run_dir, doing="watch")  # it writes its journal there: only into a run
+        env = Thresholds.from_env()
         th = dataclasses.replace(  # the environment's thresholds (blocked, busy …), the flags over them
-            Thresholds.from_env(),
-            heartbeat_s=args.interval,
-            silent_s=args.silent_s,
+            env,
+            heartbeat_s=args.interval or env.heartbeat_s,
+            silent_s=args.silent_after or env.silent_s,
             stall_s=args.stall_s,
             no_progress_s=args.no_progress_s,
         )
@@ -86,7 +85,7 @@ example:  phasetrace watch phasetrace-runs/20261129-101500-ab12cd --stall-s 60
                 if stalled and args.exit_on_stall:
                     break
                 if ranks and all(p.ready for p in ranks):
-                    print(printable(f"phasetrace: all {len(ranks)} ranks ready"), file=sys.stderr)
+                    print(printable(f"{PREFIX} all {len(ranks)} ranks ready"), file=sys.stderr)
                     break
                 time.sleep(th.heartbeat_s)
         except KeyboardInterrupt:
@@ -105,7 +104,7 @@ def open_journal(run_dir: Path) -> JournalWriter | None:
     except OSError as exc:
         print(
             printable(
-                f"phasetrace watch: cannot write {exc.filename} ({exc.strerror or exc}); watching without recording: "
+                f"{PREFIX} watch: cannot write {exc.filename} ({exc.strerror or exc}); watching without recording: "
                 "findings are printed here only"
             ),
             file=sys.stderr,

@@ -487,6 +487,10 @@ class History:
             raise HistoryError(f"{path}: no history here yet (a start is recorded when it ends)", "missing")
         _check_file(path)
         uri = f"file:{quote(os.path.abspath(path))}?mode=ro"
+        # A reader writes nothing: with no -wal beside it (no writer has it open), the file is all there
+        # is to read, read as one that does not change, and SQLite makes no -wal nor -shm for the read.
+        if not os.path.lexists(f"{path}-wal"):
+            uri += "&immutable=1"
         try:
             try:
                 con = sqlite3.connect(uri, uri=True, timeout=BUSY_S)
@@ -495,7 +499,7 @@ class History:
                 if "unable to open" not in str(exc):
                     raise
                 # a copy in a directory we cannot write: WAL's -shm cannot be made there; nobody writes it
-                con = sqlite3.connect(uri + "&immutable=1", uri=True, timeout=BUSY_S)
+                con = sqlite3.connect(uri.replace("&immutable=1", "") + "&immutable=1", uri=True, timeout=BUSY_S)
                 version = con.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.Error as exc:
             raise _read_error(path, exc) from None

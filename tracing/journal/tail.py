@@ -9,6 +9,7 @@ import logging
 import operator
 import os
 import stat
+import time
 from collections.abc import Iterator, Sequence
 from itertools import compress
 
@@ -32,6 +33,9 @@ LINE_MAX = RECORD_MAX  # bytes of one journal line readers take: what a writer w
 JOURNAL_MAX = 256 << 20  # bytes of one journal readers read (a rank's init: ~170 KiB; a hung one's: ~40 MiB a day)
 ENV_JOURNAL_MAX = "SGLANG_PHASETRACE_JOURNAL_MAX_MB"  # sets JOURNAL_MAX, in MiB
 READ_BYTES = 16 << 20  # read at a time
+# A last line without its newline that the file has kept this long was cut (``kill -9``, a crash):
+# a writer writes each record in one ``os.write``, and cuts a short one back off at once.
+CUT_AFTER_S = 5.0
 
 
 def journal_max() -> int:
@@ -48,7 +52,8 @@ class JournalTail:
     time: a journal is never held whole, and what a reader keeps is what it parsed.
 
     A last line without its newline is a write in progress, or one cut by ``kill -9``: a live read
-    leaves it for next time; a ``final`` read parses it, and reports it if it is broken.
+    leaves it for next time, unless the file has not changed for ``CUT_AFTER_S`` (nothing is writing
+    it: it was cut); a ``final`` read parses it. Either reports it if it is broken.
     Every unusable line (not JSON, or a record ``schema.validate`` refuses) is reported once, as
     ``file:line: why``, and skipped; the rest of its chunk is used. So is a line over ``LINE_MAX``
     (never held whole: a file of zeros, sparse or left by a crash, is one long line). Reading stops
@@ -142,7 +147,7 @@ class JournalTail:
                 if at_end:
                     return
             elif at_end:
-                if final and rest:
+                if rest and (final or self._cut()):
                     self.lines += 1
                     self.offset += rest
                     yield [data[end:]], range(self.lines, self.lines + 1)
@@ -196,6 +201,18 @@ class JournalTail:
         lines, numbers, kept = self._chunk
         return (kept if kept is not None else _numbers(lines, numbers))[index]
 
+    def _cut(self) -> bool:
+        """The file has not changed for ``CUT_AFTER_S``: a last line without its newline was cut."""
+        try:
+            return time.time_ns() - os.stat(self.path).st_mtime_ns > CUT_AFTER_S * 1e9
+        except OSError:
+            return False
+
+    @property
+    def unreadable(self) -> str | None:
+        """Why the file cannot be read (as said in ``problems``), or None."""
+        return self._unreadable
+
     def _read_more(self, limit: int) -> tuple[bytes, int]:
         try:
             return _read_at(self.path, self.offset, limit)
@@ -219,7 +236,8 @@ _LONG = f"a line over {LINE_MAX >> 20} MiB (the cap on one journal line)"
 def read_regular(path: Path, offset: int = 0, limit: int = -1) -> bytes:
     """The bytes of a regular file from ``offset`` (``limit`` at most): never through a symbolic
     link, never blocking on a FIFO or reading a device (``OSError`` naming why instead)."""
-    fd, size = _open_regular(path)
+    fd, info = _open_regular(path)
+    size = info.st_size
     try:
         # what fstat says is there in one read (a buffered read of ``limit`` allocates all of it first:
         # 1 MiB for a 300-byte status file), then on to the end (``/proc`` files say 0; a file may grow)
@@ -237,16 +255,16 @@ def read_regular(path: Path, offset: int = 0, limit: int = -1) -> bytes:
 
 def _read_at(path: Path, offset: int, limit: int) -> tuple[bytes, int]:
     """``read_regular`` up to the file's size when opened, and that size (a buffer of exactly what is read)."""
-    fd, size = _open_regular(path)
+    fd, info = _open_regular(path)
     try:
-        n = min(limit, size - offset)
-        return (os.pread(fd, n, offset) if n > 0 else b""), size
+        n = min(limit, info.st_size - offset)
+        return (os.pread(fd, n, offset) if n > 0 else b""), info.st_size
     finally:
         os.close(fd)
 
 
-def _open_regular(path: Path) -> tuple[int, int]:
-    """A descriptor of the regular file at ``path`` (never through a link, never blocking), and its size."""
+def _open_regular(path: Path) -> tuple[int, os.stat_result]:
+    """A descriptor of the regular file at ``path`` (never through a link, never blocking), and its ``fstat``."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         info = os.fstat(fd)
@@ -255,7 +273,7 @@ def _open_regular(path: Path) -> tuple[int, int]:
     except BaseException:
         os.close(fd)
         raise
-    return fd, info.st_size
+    return fd, info
 
 
 def _numbers(lines: list[bytes], numbers: Sequence[int]) -> list[int]:

@@ -12,8 +12,10 @@ newline is left for whoever reads on), so it is right for live and final readers
 Read (``open_index``): a journal unchanged since is taken as is; one that grew is taken and read on
 from its position (only the tail); one that is new is read whole. Anything else — an index that is
 a link, not ours, unreadable, cut short, edited (a checksum per part), of another version or layout,
-of another run directory, or a journal that shrank, was replaced or changed in place — and the index
-is not used: one warning naming it, and the run is read from its journals.
+or a journal that shrank, was replaced or changed in place — and the index is not used: one warning
+naming it, and the run is read from its journals. A copy of the run directory (``cp -r``, another
+host: other inodes, other times) keeps its index: there each journal is the one indexed if it
+begins with the bytes indexed (the digest), and one that does not is of another run.
 
 Written (``write``) when a run has ended (every process of it proven gone) or serves (every rank
 ready: ``serving``), by whoever ends it (``spawn_writer``: a detached process that waits for its
@@ -321,10 +323,8 @@ def _open(run_path: Path, path: Path, names: dict[str, Path]) -> Loaded:
     if version.version != VERSION or version.layout != LAYOUT:
         raise Stale(f"written by another version of phasetrace (format {version.version})")
     index = _INDEX.decode(header)
-    journal_dir = run_path / JOURNAL_DIR
-    st = os.stat(journal_dir)
-    if index.run != run_path.resolve().name or (index.dev, index.ino) != (st.st_dev, st.st_ino):
-        raise Stale(f"of another run directory ({printable(index.run)})")
+    st = os.stat(run_path / JOURNAL_DIR)
+    here = (index.dev, index.ino) == (st.st_dev, st.st_ino)  # else a copy (``cp -r``, another host): by content
     if index.journal_max != journal_max():
         raise _Quiet
     attrs = view[index.attrs_at : index.attrs_at + index.attrs_size]
@@ -341,7 +341,7 @@ def _open(run_path: Path, path: Path, names: dict[str, Path]) -> Loaded:
         journal = names.get(entry.name)
         if journal is None:
             raise Stale(f"names a journal that is not there ({printable(entry.name)})")
-        journals[journal] = (entry, _state(journal, entry))
+        journals[journal] = (entry, _state(journal, entry, here))
     return Loaded(path, index, view, _ATTRS.decode(attrs), journals)
 
 
@@ -361,27 +361,35 @@ def _map(path: Path, seen: os.stat_result) -> mmap.mmap | bytes:
         os.close(fd)
 
 
-def _state(journal: Path, entry: Entry) -> str:
-    """``FRESH`` or ``GROWN``; ``Stale`` when the journal is not the one indexed, or changed other than by growing."""
+def _state(journal: Path, entry: Entry, here: bool = True) -> str:
+    """``FRESH``, ``CUT`` or ``GROWN``; ``Stale`` when the journal is not the one indexed, or changed
+    other than by growing. ``here``: the index is in the run directory it was written in, else in a
+    copy of it (other inodes, other times: each journal is the one indexed if it holds its bytes)."""
     offset = entry.offset
     try:
         st = os.lstat(journal)
     except FileNotFoundError:
         raise Stale(f"names a journal that is not there ({journal.name})") from None
-    if (st.st_dev, st.st_ino) != (entry.dev, entry.ino) or not stat.S_ISREG(st.st_mode):
+    if not stat.S_ISREG(st.st_mode) or (here and (st.st_dev, st.st_ino) != (entry.dev, entry.ino)):
         raise Stale(f"of another copy of {journal.name}")
+    if not here and (st.st_dev, st.st_ino) != (entry.dev, entry.ino):
+        if st.st_size < entry.size or not _holds(journal, entry):
+            raise Stale(f"{journal.name} is not the journal it indexed: of another run")
+        return (FRESH if st.st_size == offset else CUT) if st.st_size == entry.size else GROWN
     if st.st_size == entry.size and st.st_mtime_ns == entry.mtime_ns:
         return FRESH if st.st_size == offset else CUT
-    if st.st_size <= entry.size:
-        raise Stale(f"{journal.name} changed since it was indexed")
-    fd = os.open(journal, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        same = _digest(fd, offset) == entry.check
-    finally:
-        os.close(fd)
-    if not same:
+    if st.st_size <= entry.size or not _holds(journal, entry):
         raise Stale(f"{journal.name} changed since it was indexed")
     return GROWN
+
+
+def _holds(journal: Path, entry: Entry) -> bool:
+    """The journal begins with the bytes indexed (their ``_digest``)."""
+    fd = os.open(journal, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        return _digest(fd, entry.offset) == entry.check
+    finally:
+        os.close(fd)
 
 
 _SAID: set[Path] = set()

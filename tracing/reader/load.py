@@ -22,7 +22,7 @@ from ..journal.layout import JOURNAL_DIR
 from ..journal.tail import JournalTail
 from . import index
 from .forked_helper import Helper, HelperLost, can_fork, job
-from .view import ProcessRec, RunView, _apply_all
+from .view import ProcessRec, RunView, _apply_all, read_status, status_of
 
 
 def refresh_parallel(
@@ -392,6 +392,10 @@ def _read_whole(
             return tail, proc
     for piece in tail.bulk_pieces(final=final):
         _apply_all(tail, proc, piece)
+    if proc.root is not None and proc.root.status == "open":  # its root's ``end`` lost: the status file's word
+        proc.mend(read_status(status_of(path))[0])
+    if tail.unreadable is not None and not proc.pid:  # still a process of the run (``ProcessRec.unread``)
+        proc.unread(tail.unreadable, read_status(status_of(path))[0])
     return tail, proc
 
 

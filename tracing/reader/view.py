@@ -76,6 +76,7 @@ class ProcessRec:
     remote: str | None = None  # set for a process another node reported (``tracing.channel.crossnode``)
     # phase -> [how many, latest end] of the spans that ended well and a shallow read left out (``_shallow``)
     dropped: dict[str, list[int]] = field(default_factory=dict)
+    unreadable: str | None = None  # why its journal cannot be read: it is known by its file name and status file
 
     HEARTBEATS_KEPT = 8
     OPS_KEPT = 256
@@ -116,6 +117,7 @@ class ProcessRec:
             self.boot_t, self.resource = r.get("boot_t"), dict(r.get("resource") or {})
             self.start_ticks, self.boot_id = r.get("start_ticks"), r.get("boot_id")
             self.label = self.label or f"pid{self.pid}"
+            self.unreadable = None  # read after all
         elif kind == "diagnosis":
             self.diagnoses.append(r)
         elif kind == "warning":
@@ -154,6 +156,30 @@ class ProcessRec:
                     got[1] = span.end
         return out
 
+    def unread(self, why: str, beat: dict[str, Any] | None) -> None:
+        """Its journal cannot be read (``why``): the process is still one of the run, named by the
+        journal's name (``<host>-<pid>.jsonl``) and its status file's heartbeat (its label), so no view
+        drops it; its phases are not known."""
+        host, _, pid = self.path.stem.rpartition("-")
+        if self.pid or not pid.isdigit():
+            return
+        self.unreadable, self.pid, self.host = why, int(pid), host
+        label = beat.get("label") if beat is not None and beat.get("pid") == self.pid else None
+        self.label = label if isinstance(label, str) and label else f"pid{self.pid}"
+
+    def mend(self, beat: dict[str, Any] | None) -> None:
+        """A journal that lost its root's ``end`` (its last line cut by ``kill -9``, a record a full disk
+        kept out) while the status file says the start is over (``ready``: written after that ``end``):
+        the root ends well, as the status file says, at the latest record the journal holds. A later
+        read of the ``end`` itself puts its own time back."""
+        root = self.root
+        if root is None or root.status != "open" or beat is None or beat.get("ready") is not True:
+            return
+        if beat.get("pid") != self.pid:
+            return
+        root.end, root.status = max(self.last_t, root.start), "ok"
+        root.attrs = {**root.attrs, keys.SERVING: True}
+
     @property
     def ident(self) -> ProcId:
         """This process as a verdict names it (``ProcId``)."""
@@ -170,7 +196,9 @@ class ProcessRec:
     def shown(self) -> bool:
         """Readers list it: a rank, a launcher, or any process with phases or something to say. An SGLang
         helper process that started tracing early (at import) and never ran a phase is left out."""
-        return self.role != "process" or bool(self.spans or self.warnings or self.diagnoses or self.told)
+        return self.role != "process" or bool(
+            self.spans or self.warnings or self.diagnoses or self.told or self.unreadable
+        )
 
     @property
     def open_spans(self) -> list[SpanRec]:
@@ -331,6 +359,10 @@ class RunView:
         told = len(proc.told)
         for piece in tail.bulk_pieces(final=final):
             _apply_all(tail, proc, piece)
+        if proc.root is not None and proc.root.status == "open":
+            proc.mend(self.status_file(proc))
+        if tail.unreadable is not None and not proc.pid:
+            proc.unread(tail.unreadable, self.status_file(proc))
         self._told += [(proc, r) for r in proc.told[told:]]
 
     def dir_of(self, proc: ProcessRec) -> Path:
@@ -409,22 +441,31 @@ class RunView:
         return record
 
     def _read_status(self, path: Path) -> dict[str, Any] | None:
-        try:
-            record = _loads(read_regular(path, limit=STATUS_MAX))
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            return self._status_problem(path, f"cannot read ({exc.strerror or exc})")
-        except ValueError as exc:  # orjson's JSONDecodeError; UnicodeDecodeError
-            return self._status_problem(path, f"not a JSON record ({exc.__class__.__name__}: {exc})")
-        why = validate(record)
-        if why is None and record["kind"] != "heartbeat":
-            why = f"a {record['kind']} record, not a heartbeat"
-        return trim([record])[0] if why is None else self._status_problem(path, f"heartbeat: {why}")
+        record, why = read_status(path)
+        if why is not None:
+            self._status_problems.setdefault(path, f"{path}:1: {why}")
+        return record
 
-    def _status_problem(self, path: Path, why: str) -> None:
-        self._status_problems.setdefault(path, f"{path}:1: {why}")
-        return None
+
+def status_of(journal: Path) -> Path:
+    """The status file of a journal's process (in the run directory holding the journal)."""
+    return journal.parent.parent / STATUS_DIR / f"{journal.stem}.json"
+
+
+def read_status(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """A status file's heartbeat, if it is a valid ``heartbeat`` record; else None and why (None: there is none)."""
+    try:
+        record = _loads(read_regular(path, limit=STATUS_MAX))
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"cannot read ({exc.strerror or exc})"
+    except ValueError as exc:  # orjson's JSONDecodeError; UnicodeDecodeError
+        return None, f"not a JSON record ({exc.__class__.__name__}: {exc})"
+    why = validate(record)
+    if why is None and record["kind"] != "heartbeat":
+        why = f"a {record['kind']} record, not a heartbeat"
+    return (trim([record])[0], None) if why is None else (None, f"heartbeat: {why}")
 
 
 def _apply_all(tail: JournalTail, proc: ProcessRec, chunk: tuple[dict[str, list[Any]], list[dict[str, Any]]]) -> None:

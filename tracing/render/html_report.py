@@ -27,13 +27,14 @@ from string import Template
 from typing import Any
 
 from ..journal.layout import STACKS_DIR
+from ..reader.ended import Ended
 from ..reader.forked_helper import job
 from ..redact import redact_text
 from ..verdicts import evidence
 from ..verdicts.diagnose import Finding
 from .jsonout import dumps
 from .lane_jobs import lanes_map
-from .lanes import Bar, Lane, Layout
+from .lanes import Bar, Lane, Layout, unreadable_text
 from .phase_stats import PhaseStat, within_run
 from .units import duration
 from .verdict import headline, state, word
@@ -102,7 +103,11 @@ def timeline_data(lay: Layout, stats: dict[str, PhaseStat], verdicts: dict[int, 
             "state": state(finding) if finding else lane.state,
             "where": where.key if where else None,
             "where_ms": round(lay.rel(where.span.start) * 1e3, 3) if where else None,
-            "verdict": f"{finding.kind}: {finding.message}" if finding else None,
+            "verdict": f"{finding.kind}: {finding.message}"
+            if finding
+            else unreadable_text(lane.proc)
+            if lane.proc.unreadable is not None
+            else None,
         }
         lanes.append(dumps(head)[:-1] + b',"bars":' + bars + b"}")  # ``dumps`` of it with its bars last
     return b"".join(
@@ -401,9 +406,10 @@ def _problems_html(lay: Layout) -> str:
     return f"<ul>{''.join(items)}</ul>" if items else "<p>none</p>"
 
 
-def render_report(lay: Layout, found: list[Finding], verdicts: dict[int, Finding]) -> str:
+def render_report(lay: Layout, found: list[Finding], verdicts: dict[int, Finding], ended: Ended | None = None) -> str:
+    """The page; ``ended``: the launch served and has ended since (``reader.ended.of_run``)."""
     stats = within_run(lay)
-    verdict_class, verdict = headline(lay, found)
+    verdict_class, verdict = headline(lay, found, ended)
     data = timeline_data(lay, {s.key: s for s in stats}, verdicts)
     version = next(
         (p.resource.get("sglang.version") for p in lay.run.processes if p.resource.get("sglang.version")), ""
@@ -450,7 +456,7 @@ h1{font-size:18px;margin:0 0 4px}h2{font-size:15px;margin:22px 0 8px;border-bott
 code,pre{font:12px ui-monospace,Menlo,Consolas,monospace}
 pre{background:#f6f8fa;padding:8px;overflow:auto;max-height:420px}
 .meta{color:#57606a}.verdict{padding:10px 12px;border-radius:6px;font-weight:600;margin:0 0 10px;font-size:15px}
-.verdict.ready{background:#dafbe1}.verdict.running{background:#fff8c5}
+.verdict.ready{background:#dafbe1}.verdict.running{background:#fff8c5}.verdict.ended{background:#eaeef2}
 .verdict.stalled,.verdict.failed{background:#ffebe9;color:#82071e;border:1px solid #cf222e}
 .finding{border-left:4px solid #cf222e;padding:2px 10px;margin:8px 0}.finding h3{font-size:14px;margin:4px 0}
 table{border-collapse:collapse}td,th{padding:2px 10px;text-align:right;white-space:nowrap}

@@ -52,6 +52,11 @@ class Bar(msgspec.Struct, gc=False):  # made in C: a 1024-rank run lays out 270 
 DONE = frozenset({"ready", "serving"})  # lane states of a start that is over
 
 
+def unreadable_text(proc: ProcessRec) -> str:
+    """What every view says of a process whose journal cannot be read (``ProcessRec.unread``)."""
+    return f"journal unreadable: {proc.unreadable}; its phases are not known"
+
+
 @dataclass
 class Lane:
     proc: ProcessRec
@@ -69,8 +74,11 @@ class Lane:
         """``ready`` (its start is over: a rank's launch serves), ``serving`` (a launcher: its launch
         serves), ``failed`` (an error ended the root), ``incomplete`` (a signal or exit ended it),
         ``initialised`` (a rank's own init is done, its launch does not serve yet: the warm-up),
-        ``running`` (something still open), or ``exited`` (nothing open, no root)."""
+        ``running`` (something still open), ``exited`` (nothing open, no root), or ``unreadable``
+        (its journal cannot be read: nothing is known of its phases)."""
         proc = self.proc
+        if proc.unreadable is not None:
+            return "unreadable"
         root = proc.root
         if root is not None and root.status != "open":
             if root.status == "ok":
@@ -177,9 +185,8 @@ def layout(run: RunView, now: int | None = None, depth: int | None = None, attrs
     wanted = {parent_id for _, parent_id in elsewhere}
     first_owner: dict[str, Bar] = {}
     for own in owned:  # processes in order: a launcher's root wins over a rank's colliding id
-        for parent_id in wanted - first_owner.keys():
-            if parent_id in own:
-                first_owner[parent_id] = own[parent_id]
+        for parent_id in own.keys() & wanted:  # the smaller side walked: not every wanted id per process
+            first_owner.setdefault(parent_id, own[parent_id])
     for bar, parent_id in elsewhere:
         bar.parent = first_owner.get(parent_id)
     starts = [min(map(_BAR_START, lane.bars)) for lane in lanes if lane.bars]
@@ -302,7 +309,7 @@ class Part:
         parents = {}  # span id -> its trace id, of those in the processes read here (ids are unique)
         for proc in procs:
             if wanted and proc.path not in split.paths:
-                for sid in [sid for sid in wanted if sid in proc.spans]:
+                for sid in list(proc.spans.keys() & wanted):  # the smaller side walked, not every wanted id
                     trace = proc.spans[sid].trace_id
                     parents[sid] = trace_map.get(trace, trace)
                     wanted.discard(sid)

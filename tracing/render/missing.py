@@ -44,8 +44,9 @@ def missing(view: RunView, alive: Mapping[tuple[str, int], bool] | None = None) 
             f"{proc.label or proc.pid}: its journal lacks {held} records since {when} "
             f"({trouble.get('error') or 'not written'}){lost}: {fate}"
         )
+    unreadable = {p.path for p in view.processes if p.unreadable is not None}  # said as such
     for run_path in view.paths:
-        empty = [p.name for p in _journals(run_path) if _size(p) == 0]
+        empty = [p.name for p in _journals(run_path) if p not in unreadable and _size(p) == 0]
         if empty:
             lines.append(f"{', '.join(empty)}: no record written yet (a process whose first record did not fit)")
         full = _full(run_path)

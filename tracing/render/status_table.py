@@ -17,7 +17,7 @@ from rich.console import Group
 from rich.text import Text
 
 from ..verdicts.diagnose import Finding
-from .lanes import DONE, Lane, Layout
+from .lanes import DONE, Lane, Layout, unreadable_text
 from .term import clean, text
 from .units import duration, size
 from .verdict import state as verdict_state
@@ -28,7 +28,9 @@ class StatusRow:
     label: str
     pid: int
     host: str
-    state: str  # ready | running | failed | incomplete | exited | gone | stalled | died | not started | busy | slow
+    # ready | serving | ended | running | failed | incomplete | exited | gone | unreadable | stalled | died |
+    # not started | busy | slow
+    state: str
     phase: str | None
     in_phase_s: float | None
     heartbeat_age_s: float | None
@@ -120,6 +122,9 @@ def status_rows(
             finding = None
         if finding is not None:
             state = verdict_state(finding)
+        told = f"{finding.kind}: {finding.message}" if finding is not None else ""
+        if proc.unreadable is not None and finding is None:
+            told = unreadable_text(proc)
         cpu = beat.get("cpu_s") if beat else None
         interval = beat.get("interval_s") if beat else None
         rows.append(
@@ -143,7 +148,7 @@ def status_rows(
                 threads=beat.get("threads") if beat else None,
                 gpu=_gpu(beat),
                 collective=_collective(beat),
-                verdict=f"{finding.kind}: {finding.message}" if finding is not None else "",
+                verdict=told,
                 node=proc.node,
             )
         )
@@ -160,6 +165,8 @@ STATE_STYLE = {
     "died": "bold red",
     "not started": "bold red",
     "incomplete": "red",
+    "unreadable": "red",
+    "ended": "",
     "gone": "red",
     "exited": "yellow",
     "busy": "yellow",

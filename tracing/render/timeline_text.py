@@ -16,7 +16,7 @@ from rich.text import Text
 
 from ..reader.forked_helper import job
 from .lane_jobs import lanes_map
-from .lanes import DONE, Bar, Lane, Layout
+from .lanes import DONE, Bar, Lane, Layout, unreadable_text
 from .phase_stats import phase_stats
 from .term import clean
 from .units import duration
@@ -37,6 +37,8 @@ COLORS = (
     "bright_red",
 )
 LABEL_W, LABEL_MAX_W, TAIL_W = 10, 24, 28  # labels get at least 10 columns, at most 24 (``tp9@node-1``)
+MIN_WIDTH = LABEL_MAX_W + TAIL_W + 3 + 20  # the widest label, the tail and a chart of 20 columns
+CUT = "…"  # ends a label cut to fit
 
 
 @dataclass
@@ -122,8 +124,8 @@ def _axis(lay: Layout, width: int) -> Text:
     cells = [" "] * width
     step = max(1, width // 6)
     for cell in range(0, width, step):
-        mark = f"|{duration(lay.seconds * cell / width).replace(' ', '')}" if cell else "|0s"
-        if cell + len(mark) <= width:
+        mark = f"|{duration(lay.seconds * cell / width)}" if cell else "|0 s"
+        if cell + len(mark) <= width and cells[cell - 1 if cell else 0] == " ":  # whole marks, one space apart
             cells[cell : cell + len(mark)] = mark
     return Text("".join(cells), style="dim")
 
@@ -138,6 +140,8 @@ def _tail(lane: Lane) -> str:
         return f"{total} initialised, open in {clean(where.key)}"
     if lane.state in ("failed", "incomplete") and where is not None:
         return f"{total} {lane.state} in {clean(where.key)}"
+    if lane.state == "unreadable":
+        return unreadable_text(lane.proc)
     return f"{total} {lane.state}"
 
 
@@ -154,7 +158,9 @@ def render_timeline(lay: Layout, width: int = 100, depth: int = 1) -> list[Text]
     for lane, shown, cells in zip(lay.lanes, labels, rows, strict=True):
         for n, runs in enumerate(cells):
             label = shown if n == 0 else ""
-            row = Text(f"{label[:label_w]:<{label_w}} ", style="bold" if n == 0 else "")
+            if len(label) > label_w:
+                label = label[: label_w - 1] + CUT
+            row = Text(f"{label:<{label_w}} ", style="bold" if n == 0 else "")
             for text, style in runs:
                 row.append(text, style=style)
             if n == 0:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..reader.ended import Ended
 from ..redact import redact_text
 from ..verdicts import evidence
 from ..verdicts.diagnose import Finding
@@ -34,9 +35,10 @@ def rank_lanes(lay: Layout) -> list[Lane]:
     return [lane for lane in lay.lanes if lane.proc.role == "rank"] or lay.lanes
 
 
-def headline(lay: Layout, found: list[Finding]) -> tuple[str, str]:
-    """(``stalled`` | ``failed`` | ``ready`` | ``running``, the sentence): the first verdict when
-    there is one (root cause first), in the watchdog's words."""
+def headline(lay: Layout, found: list[Finding], ended: Ended | None = None) -> tuple[str, str]:
+    """(``stalled`` | ``failed`` | ``ended`` | ``ready`` | ``running``, the sentence): the first
+    verdict when there is one (root cause first), in the watchdog's words. ``ended``: the launch
+    served and has ended since (``reader.ended.of_run``), said with when and how."""
     ranks = rank_lanes(lay)
     verdicts = [f for f in found if f.alarm]
     if verdicts:
@@ -59,7 +61,10 @@ def headline(lay: Layout, found: list[Finding]) -> tuple[str, str]:
         took = duration(slow.root.seconds) if slow.root else ""
         serves = next((lane for lane in launchers if lane.state == "serving" and lane.root), None)
         since = f"; serving after {duration(serves.root.seconds)}" if serves is not None else ""
-        return "ready", f"READY — {len(ranks)} ranks ready; slowest {slow.label} in {took}{since}"
+        were = f"{len(ranks)} ranks {'were ' if ended else ''}ready"
+        if ended is not None:
+            return "ended", f"ENDED — {ended.line()}; {were}, slowest {slow.label} in {took}{since}"
+        return "ready", f"READY — {were}; slowest {slow.label} in {took}{since}"
     running = [lane for lane in ranks if lane.state == "running"]
     warming = [lane for lane in ranks if lane.state == "initialised"]
     if warming and not running:

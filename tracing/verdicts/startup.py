@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from .. import other_processes
+from ..reader import ended
 from ..reader.view import ProcessRec, RunView
 from . import usual, voice
 from .diagnose import PREFIX, Finding
@@ -67,7 +68,8 @@ def of_pass(run: RunView, found: list[Finding], now_ns: int) -> Startup:
     the journals both judge this way."""
     here = other_processes.this_host()
     alive = {p.pid: running(p) for p in run.processes if p.role == "launcher" and p.host == here}
-    return assess(run, found, now_ns, usual.outlook(run, now_ns, usual.known(run)), alive)
+    over = ended.of_run(run, now_ns) if _served(run) else None
+    return assess(run, found, now_ns, usual.outlook(run, now_ns, usual.known(run)), alive, over)
 
 
 def _state_of(f: Finding) -> str:
@@ -87,10 +89,12 @@ def assess(
     now_ns: int | None = None,
     outlook: dict[str, Any] | None = None,
     alive: dict[int, bool] | None = None,
+    over: ended.Ended | None = None,
 ) -> Startup:
     """The start's state from one pass: ``found`` (``findings.live``), ``outlook`` (``usual.outlook``),
     ``alive``: pid -> running, for this host's launchers (a launcher gone before it served, with
-    nothing said of it, is ``failed``; after, ``ended``)."""
+    nothing said of it, is ``failed``; after, ``ended``); ``over``: every process of a launch that
+    served is gone (``reader.ended.of_run``): ``ended``, said with when and how."""
     now = time.time_ns() if now_ns is None else now_ns
     procs = run.processes
     began = _began(procs)
@@ -104,6 +108,8 @@ def assess(
     gone = [p for p in launchers if alive is not None and not alive.get(p.pid, True)]
     if standing:
         out.state, out.line = _state_of(standing[0]), voice.said(standing[0])
+    elif _served(run) and over is not None:
+        out.state, out.line = "ended", f"{PREFIX} {over.line(now)}"
     elif _served(run):
         out.state = "ended" if gone else "serving"
         out.line = f"{PREFIX} the launch {'served, then ended' if gone else 'serves'}"
