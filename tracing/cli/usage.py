@@ -40,6 +40,7 @@ RETURNS: dict[str, tuple[int, ...]] = {
     "preflight": (EXIT_STALLED, EXIT_FAILED),
     "status": (EXIT_STALLED, EXIT_FAILED, EXIT_INCOMPLETE),
     "watch": (EXIT_STALLED,),
+    "inspect": (EXIT_STALLED, EXIT_FAILED),
     "probe": (
         EXIT_STALLED,
         EXIT_FAILED,
