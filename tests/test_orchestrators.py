@@ -385,7 +385,7 @@ def test_probe_refuses_a_run_or_state_file_others_can_write_in_one_line(where: s
     out, err = capsys.readouterr()
     assert code == 1 and out == "", out
     mode = "666" if where == "state" else "777"
-    assert err == f"phasetrace probe: refusing to read {tmp_path}: {target} is writable by other users (mode {mode})\n"
+    assert err == f"sglang-phasetrace: probe: refusing to read {tmp_path}: {target} is writable by other users (mode {mode})\n"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a directory another user's needs root")
@@ -400,7 +400,7 @@ def test_probe_and_status_refuse_a_run_directory_of_another_user(tmp_path: Path,
     for verb in ("probe", "status", "timeline"):
         code = main([verb, str(tmp_path)])
         out, err = capsys.readouterr()
-        assert (code, out, err) == (1, "", f"phasetrace {verb}: {why}\n"), verb
+        assert (code, out, err) == (1, "", f"sglang-phasetrace: {verb}: {why}\n"), verb
     os.chown(tmp_path, os.geteuid(), -1)
     (tmp_path / STARTUP_FILE).chmod(0o600)
     os.chown(tmp_path / STARTUP_FILE, uid, -1)
