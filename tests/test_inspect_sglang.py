@@ -67,6 +67,15 @@ def titled(launcher: int, title: str) -> int | None:
     return None
 
 
+def start_untraced(command: list[str], env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen:
+    """``command`` in its own process group, its output to ``log``."""
+    with open(log, "w") as out:
+        return subprocess.Popen(
+            command, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+
 def wait_in_stack(proc: subprocess.Popen, title: str, marker: str, log: Path, timeout: float = 300) -> int:
     """The pid of the launch's process ``title`` once py-spy shows ``marker`` in its stack."""
     py_spy = str(Path(sys.executable).parent / "py-spy")
@@ -95,16 +104,7 @@ def engine(tiny_model: tuple[Path, Path], tmp_path_factory: pytest.TempPathFacto
         "--draft",
         str(draft),
     ]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            command,
-            env=untraced_env(PLANTS, {"PLANT_STALL_TP_RANK": "1"}),
-            cwd=base,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = start_untraced(command, untraced_env(PLANTS, {"PLANT_STALL_TP_RANK": "1"}), base, log)
     try:
         tp1 = wait_in_stack(proc, "sglang::scheduler_TP1", "get_embed_and_head", log)
         tp0 = wait_in_stack(proc, "sglang::scheduler_TP0", "barrier", log, timeout=60)
@@ -177,16 +177,7 @@ def server(tiny_model: tuple[Path, Path], tmp_path_factory: pytest.TempPathFacto
     command = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tiny_model[0]), "--device", "cpu"]
     command += ["--tp-size", "2", "--max-total-tokens", "4096", "--port", str(port), "--api-key", SECRET]
     plant = {"INSPECT_PLANT_RANK": "1", "INSPECT_PLANT_GO": str(go), "INSPECT_PLANT_LOCK": str(lock)}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            command,
-            env=untraced_env(UNTRACED_PLANTS, plant),
-            cwd=base,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = start_untraced(command, untraced_env(UNTRACED_PLANTS, plant), base, log)
     try:
         tp1 = wait_in_stack(proc, "sglang::scheduler_TP1", "fullmatch", log)
         tp0 = wait_in_stack(proc, "sglang::scheduler_TP0", "barrier", log, timeout=60)

@@ -385,7 +385,10 @@ def test_probe_refuses_a_run_or_state_file_others_can_write_in_one_line(where: s
     out, err = capsys.readouterr()
     assert code == 1 and out == "", out
     mode = "666" if where == "state" else "777"
-    assert err == f"sglang-phasetrace: probe: refusing to read {tmp_path}: {target} is writable by other users (mode {mode})\n"
+    assert (
+        err
+        == f"sglang-phasetrace: probe: refusing to read {tmp_path}: {target} is writable by other users (mode {mode})\n"
+    )
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a directory another user's needs root")
