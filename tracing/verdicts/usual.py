@@ -62,7 +62,11 @@ def known(run: RunView) -> Known | None:
     try:
         from ..history import fingerprint, live, store
 
-        where = store.of_run_dir(run.path)
+        try:
+            where = store.of_run_dir(run.path)
+        except store.HistoryError as exc:  # a setting that is neither a path nor a DSN: said once
+            store._warn(exc, "phases are judged without it")
+            return None
         if where is None:
             return None
         mem = store.memory()
