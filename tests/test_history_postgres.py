@@ -313,6 +313,19 @@ def test_two_hosts_write_one_database_at_once_and_are_one_launch(
     assert main(["history", "--by", "host"]) == 0
     out = capsys.readouterr().out
     assert "pod-a" in out and "pod-b" in out
+    assert "unusual on host pod-b: 'model.weights_iterator'" in out and "unusual on host pod-a" not in out
+    # a start in progress on pod-b: a notice about its weights load says the host is the outlier
+    from sglang_phasetrace.tracing.verdicts import usual as usual_
+
+    monkeypatch.setenv(where.ENV_HISTORY, dsn.conninfo)
+    store.forget()
+    known = usual_.known(load_run(runs[-1]))
+    assert known is not None and set(known.hosts) == {"", "pod-a", "pod-b"}
+    procs = {p.label: p for p in load_run(runs[-1]).processes}
+    said = usual_.on_this_host(known, procs["tp1"], "model.weights_iterator")
+    assert said is not None and said.startswith("unusual on this host: 'model.weights_iterator' usually takes")
+    assert "the fleet's median" in said and "on 1 other host)" in said
+    assert usual_.on_this_host(known, procs["tp1"], "dist.init") is None
 
 
 def pg_password(dsn: Dsn) -> str:

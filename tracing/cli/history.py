@@ -10,6 +10,7 @@ from typing import Any
 
 from ..history import fingerprint
 from ..history.baseline import against, culprit
+from ..history.hosts import outliers
 from ..history.measure import measure
 from ..history.store import ENV_HISTORY, Dsn, History, HistoryError, grew, location, parse, write
 from ..render.history_table import baseline_table, hosts_table, phases_table, starts_table, trend_lines
@@ -128,6 +129,15 @@ SQLite, PostgreSQL and a JSON-lines file (TARGET: a .jsonl file, a SQLite file o
             if o["hosts"] is not None:
                 title = "  per host: median and p95 of each phase (x: the fleet's median)"
                 console.print(hosts_table(o["hosts"], title, top))
+                for found in outliers(o["hosts"]):
+                    console.print(
+                        text(
+                            f"unusual on host {found.host}: '{found.phase}' {duration(found.here.median)} "
+                            f"({found.here.n} starts), {found.ratio:.1f}x the fleet's median "
+                            f"({duration(found.fleet_s)} on {found.hosts} other host{'s' if found.hosts > 1 else ''})",
+                            "bold",
+                        )
+                    )
             console.print()
         return 0
 

@@ -17,6 +17,14 @@ def usuals(
 ) -> dict[str, Usual]:
     """Every phase of the fingerprint's earlier starts (``History.usuals``), in the order they
     begin; ``exclude``: run ids left out (the start in progress, once it is recorded early)."""
+    return hosts(fingerprint_id, path, exclude).get("", {})
+
+
+def hosts(
+    fingerprint_id: str, path: str | Path | Dsn | None = None, exclude: Collection[str] = ()
+) -> dict[str, dict[str, Usual]]:
+    """``usuals`` per host (``History.by_host``: the fleet's under ``""``), read once per process
+    and fingerprint."""
     try:
         where = location() if path is None else path if isinstance(path, Dsn | Path) else parse(str(path))
     except HistoryError as exc:  # a setting that is neither a path nor a DSN: said once
@@ -33,13 +41,13 @@ def usuals(
     return hit
 
 
-def _read(where: Path | Dsn, fingerprint_id: str, exclude: Collection[str]) -> dict[str, Usual]:
+def _read(where: Path | Dsn, fingerprint_id: str, exclude: Collection[str]) -> dict[str, dict[str, Usual]]:
     """A PostgreSQL history is read within ``postgres.READ_WAIT_S`` (libpq cannot bound a connect
     below 2 s): a database that does not answer costs the watchdog's pass that, said once."""
 
-    def read() -> dict[str, Usual]:
+    def read() -> dict[str, dict[str, Usual]]:
         with History.open(where) as history:
-            return history.usuals(fingerprint_id, exclude)
+            return history.by_host(fingerprint_id, exclude)
 
     try:
         if isinstance(where, Dsn):

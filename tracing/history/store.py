@@ -329,7 +329,7 @@ class Memory:
     child starts without it): ``live``'s answers per (database, fingerprint, runs left out), and
     ``verdicts.usual``'s fingerprint per run directory."""
 
-    usuals: dict[tuple[str, str, frozenset[str]], dict[str, Usual]] = field(default_factory=dict)
+    usuals: dict[tuple[str, str, frozenset[str]], dict[str, dict[str, Usual]]] = field(default_factory=dict)
     fingerprints: dict[str, Fingerprint] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)  # the watchdog's thread and a recorder's
 
@@ -771,9 +771,9 @@ class History:
         host's starts only), in the order phases usually begin."""
         return _usuals(self._values(fid, exclude), host)
 
-    def by_host(self, fid: str) -> dict[str, dict[str, Usual]]:
+    def by_host(self, fid: str, exclude: Collection[str] = ()) -> dict[str, dict[str, Usual]]:
         """host -> its ``usuals`` (the fingerprint's starts on that host), the fleet's under ``""``."""
-        values = self._values(fid, ())
+        values = self._values(fid, exclude)
         hosts = sorted({v[7] for got in values.values() for v in got})
         return {"": _usuals(values, None), **{h: _usuals(values, h) for h in hosts}}
 

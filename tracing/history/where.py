@@ -89,7 +89,7 @@ def parse(value: str) -> Where:
     if _SCHEME.match(text) or "://" in text:
         raise HistoryError(
             f"{ENV_HISTORY}={shown(text)} is neither a path nor a PostgreSQL DSN this sglang-phasetrace understands "
-            "(postgresql://user:password@host:port/db, or service=NAME); the history is not used",
+            "(a postgresql:// URL, or service=NAME); the history is not used",
             "refused",
         )
     return Path(text)

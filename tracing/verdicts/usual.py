@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import process_state
@@ -42,6 +42,7 @@ class Known:
 
     fingerprint: Fingerprint
     usuals: dict[str, Usual]  # phase key -> how long it took in earlier starts
+    hosts: dict[str, dict[str, Usual]] = field(default_factory=dict)  # the same per host (``history.live.hosts``)
 
     @property
     def starts(self) -> int:
@@ -77,8 +78,9 @@ def known(run: RunView) -> Known | None:
                 return None
             if fp.settled:  # read from what the run will not change: kept for every later pass
                 mem.fingerprints[str(run.path)] = fp
-        got = live.usuals(fp.id, where, exclude=(run.run_id,))
-        return Known(fp, got) if got else None
+        hosts = live.hosts(fp.id, where, exclude=(run.run_id,))
+        got = hosts.get("", {})
+        return Known(fp, got, hosts) if got else None
     except Exception as exc:
         if process_state.say_once(("history", "usual")):
             log.warning("sglang-phasetrace: history: judging %s with it failed (%r); judged without it", run.path, exc)
@@ -132,7 +134,26 @@ def annotate(run: RunView, found: list[Finding], now_ns: int, known_: Known | No
             left = u.median - (now_ns - span.start) / NS
             if left >= 1:
                 text += f": ≈ {duration(left)} left by them"
-        f.message += f"; {text}"
+        here = on_this_host(known_, procs.get(f.proc), f.phase)
+        f.message += f"; {text}" + (f"; {here}" if here else "")
+
+
+def on_this_host(known_: Known, proc: ProcessRec | None, phase: str) -> str | None:
+    """``unusual on this host: 'x' usually takes 41 s here, 3.1x the fleet's median (13 s on 3 other
+    hosts)``: this host's earlier starts are the fleet's outlier in the phase (``history.hosts``)."""
+    if proc is None or len(known_.hosts) < 3:  # the fleet and two hosts at least
+        return None
+    from ..history.hosts import outlier
+    from ..redact import redact
+
+    got = outlier(known_.hosts, redact(proc.host, "host.name"), phase)
+    if got is None:
+        return None
+    others = f"{got.hosts} other host{'s' if got.hosts > 1 else ''}"
+    return (
+        f"unusual on this host: '{phase}' usually takes {duration(got.here.median)} here, "
+        f"{got.ratio:.1f}x the fleet's median ({duration(got.fleet_s)} on {others})"
+    )
 
 
 def unusual(run: RunView, now_ns: int, th: Thresholds, known_: Known | None, named: set[Any]) -> list[Finding]:
