@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -19,12 +20,13 @@ from pathlib import Path
 
 import pg_server
 import pytest
+from conftest import HOOKS, PLANTS, SCRIPTS, Ran, kill_group, requires_sglang
 from sglang_phasetrace.tracing import process_state
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.history import History, keeper, live, record, store, where
 from sglang_phasetrace.tracing.history.where import Dsn, HistoryError
 from sglang_phasetrace.tracing.reader.load import load_run
-from test_history import synthetic, warnings_of
+from test_history import _start_until, synthetic, warnings_of
 
 pytest.importorskip("psycopg", reason="psycopg 3 is not installed (scripts/install-cpu.sh installs it)")
 
@@ -320,7 +322,7 @@ def test_two_hosts_write_one_database_at_once_and_are_one_launch(
     monkeypatch.setenv(where.ENV_HISTORY, dsn.conninfo)
     store.forget()
     known = usual_.known(load_run(runs[-1]))
-    assert known is not None and set(known.hosts) == {"", "pod-a", "pod-b"}
+    assert known is not None and set(known.seconds["model.weights_iterator"]) == {"pod-a", "pod-b"}
     procs = {p.label: p for p in load_run(runs[-1]).processes}
     said = usual_.on_this_host(known, procs["tp1"], "model.weights_iterator")
     assert said is not None and said.startswith("unusual on this host: 'model.weights_iterator' usually takes")
@@ -394,3 +396,62 @@ def test_export_and_import_between_sqlite_postgresql_and_json_lines(
     bad.write_text(lines.read_text().splitlines()[0] + "\n{not json\n")
     assert main(["history", "--dir", str(back.parent), "import", str(bad)]) == 1
     assert "bad.jsonl:2:" in capsys.readouterr().err
+
+
+# -- real SGLang: a fresh pod's first start says "usually" from the fleet's history ---------------------------
+
+
+@requires_sglang
+@pytest.mark.sglang
+def test_a_fresh_pods_first_start_says_usually_from_the_fleets_postgresql(
+    pg: pg_server.Server, tiny_model: tuple[Path, Path], engine_run: Ran, tmp_path: Path
+) -> None:
+    """The fleet's history holds the suite's shared real tp=2 start (recorded from its run directory)
+    and the same start as another pod's (its record copied under another run id and host). A "pod"
+    whose filesystem never held a run — its own base directory and HOME, the model at another path
+    (the same bytes) — starts tp=2 with rank 1 stalled in ``attention.init`` (``tests/plants``): its
+    verdict says how long that phase usually takes, read from PostgreSQL, and the start is recorded
+    there at that first verdict. One SGLang start."""
+    from sglang_phasetrace.tracing.history import transfer
+
+    dsn = Dsn(pg.create("fleetreal"))
+    assert engine_run.run_dir is not None
+    done = record(load_run(engine_run.run_dir), dsn)
+    assert done is not None
+    with History.open(dsn) as history:
+        (doc,) = list(transfer.documents(history))
+    doc["start"].update(run_id="pod-a-earlier", host="pod-a")
+    for phase in doc["phases"]:
+        phase["run_id"] = "pod-a-earlier"
+    assert transfer.load([doc], dsn) == 1
+
+    pod = tmp_path / "pod"
+    (pod / "home").mkdir(parents=True)
+    model = pod / "mnt" / "cache" / "tiny-llama"
+    shutil.copytree(tiny_model[0], model)
+    engine = [str(SCRIPTS / "start_engine.py"), str(model), "--no-generate", "--tp", "2"]
+    plant = {
+        where.ENV_HISTORY: dsn.conninfo,
+        "HOME": str(pod / "home"),
+        "PYTHONPATH": os.pathsep.join((str(HOOKS), str(PLANTS))),
+        "PLANT_STALL_PHASE_TP_RANK": "1",
+    }
+    proc, lines = _start_until(engine, pod, plant, " STALL ", 300)
+    try:
+        (verdict,) = [line for line in list(lines) if line.startswith("sglang-phasetrace:") and " STALL " in line]
+        print(f"\nthe fresh pod said: {verdict}")
+        assert "rank tp1" in verdict and "usually takes" in verdict and "2 starts)" in verdict, verdict
+        for _ in range(60):  # recorded at its first verdict, into the fleet's history
+            with History.open(dsn) as history:
+                if len(history.starts()) == 3:
+                    break
+            time.sleep(0.5)
+    finally:
+        kill_group(proc.pid)
+    with History.open(dsn) as history:
+        starts = history.starts()
+        assert len(starts) == 3 and len({s.fingerprint for s in starts}) == 1, [s.to_json() for s in starts]
+        assert starts[0].outcome == "stalled"
+    assert not list(pod.rglob("history.sqlite*")), "the pod's filesystem holds no history"
+    ours = [line for line in list(lines) if line.startswith("sglang-phasetrace:")]
+    assert not any(pg.password in line for line in ours) and not any("history:" in line for line in ours), ours

@@ -132,8 +132,8 @@ SQLite, PostgreSQL and a JSON-lines file (TARGET: a .jsonl file, a SQLite file o
                 for found in outliers(o["hosts"]):
                     console.print(
                         text(
-                            f"unusual on host {found.host}: '{found.phase}' {duration(found.here.median)} "
-                            f"({found.here.n} starts), {found.ratio:.1f}x the fleet's median "
+                            f"unusual on host {found.host}: '{found.phase}' {duration(found.median_s)} "
+                            f"({found.n} starts), {found.ratio:.1f}x the fleet's median "
                             f"({duration(found.fleet_s)} on {found.hosts} other host{'s' if found.hosts > 1 else ''})",
                             "bold",
                         )

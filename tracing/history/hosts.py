@@ -18,36 +18,46 @@ EXPLAINS = 0.8  # as ``store.grew``: a phase slower by this share of the most ac
 class Outlier:
     host: str
     phase: str
-    here: Usual  # the phase in this host's starts
+    n: int  # starts on this host that ended the phase
+    median_s: float  # on this host
     fleet_s: float  # the other hosts' median of their medians
     hosts: int  # other hosts that ran it
+    depth: int = 0
 
     @property
     def ratio(self) -> float:
-        return self.here.median / max(self.fleet_s, 1e-9)
+        return self.median_s / max(self.fleet_s, 1e-9)
 
 
-def outlier(by_host: dict[str, dict[str, Usual]], host: str, phase: str) -> Outlier | None:
-    """``host`` in ``phase``, if it is the outlier (``by_host``: ``History.by_host``)."""
-    here = by_host.get(host, {}).get(phase)
-    others = [us[phase].median for h, us in by_host.items() if h and h != host and phase in us]
-    if here is None or here.n < MIN_STARTS or not others:
+def outlier(medians: dict[str, tuple[int, float]], host: str, phase: str, depth: int = 0) -> Outlier | None:
+    """``host`` in ``phase``, if it is the outlier; ``medians``: host -> (starts, median) in it."""
+    here = medians.get(host)
+    others = [m for h, (_, m) in medians.items() if h and h != host]
+    if here is None or here[0] < MIN_STARTS or not others:
         return None
     fleet = statistics.median(others)
-    if here.median < fleet * RATIO or here.median - fleet < MIN_S:
+    if here[1] < fleet * RATIO or here[1] - fleet < MIN_S:
         return None
-    return Outlier(host, phase, here, fleet, len(others))
+    return Outlier(host, phase, here[0], here[1], fleet, len(others), depth)
+
+
+def of_seconds(seconds: dict[str, list[float]]) -> dict[str, tuple[int, float]]:
+    """host -> (starts, median) from host -> the phase's times (``store.Fleet.seconds[phase]``)."""
+    return {h: (len(s), statistics.median(s)) for h, s in seconds.items() if s}
 
 
 def outliers(by_host: dict[str, dict[str, Usual]]) -> list[Outlier]:
-    """Each host's outlying phase, the largest ratio first: of those it is the outlier in, the
-    deepest of those slower by nearly the most (``EXPLAINS``), since a phase's excess is its
-    parents' too — the step that is slow there, not the launch around it."""
+    """Each host's outlying phase (``by_host``: ``History.by_host``), the largest ratio first: of
+    those it is the outlier in, the deepest of those slower by nearly the most (``EXPLAINS``), since
+    a phase's excess is its parents' too — the step that is slow there, not the launch around it."""
+    phases = {phase for h, us in by_host.items() if h for phase in us}
+    medians = {p: {h: (us[p].n, us[p].median) for h, us in by_host.items() if h and p in us} for p in phases}
+    depth = {p: u.depth for us in by_host.values() for p, u in us.items()}
     out = []
-    for host, us in by_host.items():
-        found = [o for o in (outlier(by_host, host, phase) for phase in us) if host and o is not None]
+    for host in (h for h in by_host if h):
+        found = [o for o in (outlier(medians[p], host, p, depth[p]) for p in sorted(phases)) if o is not None]
         if found:
-            most = max(o.here.median - o.fleet_s for o in found)
-            near = [o for o in found if o.here.median - o.fleet_s >= EXPLAINS * most]
-            out.append(max(near, key=lambda o: (o.here.depth, o.ratio)))
+            most = max(o.median_s - o.fleet_s for o in found)
+            near = [o for o in found if o.median_s - o.fleet_s >= EXPLAINS * most]
+            out.append(max(near, key=lambda o: (o.depth, o.ratio)))
     return sorted(out, key=lambda o: (-o.ratio, o.host))

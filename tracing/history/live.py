@@ -9,7 +9,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .store import Dsn, History, HistoryError, Usual, _warn, location, memory, parse
+from .store import Dsn, Fleet, History, HistoryError, Usual, _warn, location, memory, parse
 
 
 def usuals(
@@ -17,37 +17,37 @@ def usuals(
 ) -> dict[str, Usual]:
     """Every phase of the fingerprint's earlier starts (``History.usuals``), in the order they
     begin; ``exclude``: run ids left out (the start in progress, once it is recorded early)."""
-    return hosts(fingerprint_id, path, exclude).get("", {})
+    return fleet(fingerprint_id, path, exclude).usuals
 
 
-def hosts(
-    fingerprint_id: str, path: str | Path | Dsn | None = None, exclude: Collection[str] = ()
-) -> dict[str, dict[str, Usual]]:
-    """``usuals`` per host (``History.by_host``: the fleet's under ``""``), read once per process
-    and fingerprint."""
+def fleet(
+    fingerprint_id: str, path: str | Path | Dsn | None = None, exclude: Collection[str] = (), host: str | None = None
+) -> Fleet:
+    """``usuals``, and each phase's times per host (``History.fleet``: ``host``'s own newest starts
+    too), read once per process and fingerprint."""
     try:
         where = location() if path is None else path if isinstance(path, Dsn | Path) else parse(str(path))
     except HistoryError as exc:  # a setting that is neither a path nor a DSN: said once
         _warn(exc, "phases are judged without it")
-        return {}
+        return Fleet()
     if where is None:
-        return {}
-    key = (str(where), fingerprint_id, frozenset(exclude))
+        return Fleet()
+    key = (str(where), fingerprint_id, frozenset(exclude), host)
     mem = memory()
     with mem.lock:
         hit = mem.usuals.get(key)
         if hit is None:
-            hit = mem.usuals[key] = _read(where, fingerprint_id, key[2])
+            hit = mem.usuals[key] = _read(where, fingerprint_id, key[2], host)
     return hit
 
 
-def _read(where: Path | Dsn, fingerprint_id: str, exclude: Collection[str]) -> dict[str, dict[str, Usual]]:
+def _read(where: Path | Dsn, fingerprint_id: str, exclude: Collection[str], host: str | None) -> Fleet:
     """A PostgreSQL history is read within ``postgres.READ_WAIT_S`` (libpq cannot bound a connect
     below 2 s): a database that does not answer costs the watchdog's pass that, said once."""
 
-    def read() -> dict[str, dict[str, Usual]]:
+    def read() -> Fleet:
         with History.open(where) as history:
-            return history.by_host(fingerprint_id, exclude)
+            return history.fleet(fingerprint_id, exclude, host)
 
     try:
         if isinstance(where, Dsn):
@@ -60,7 +60,7 @@ def _read(where: Path | Dsn, fingerprint_id: str, exclude: Collection[str]) -> d
             _warn(exc, "phases are judged without it")
     except Exception as exc:  # a bug of ours must not reach the watchdog
         _warn(HistoryError(f"reading {where} failed ({exc!r})", "bug"), "phases are judged without it")
-    return {}
+    return Fleet()
 
 
 def usual(

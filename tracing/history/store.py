@@ -73,7 +73,8 @@ __all__ = [
 SCHEMA = 2
 KEEP_PER_FINGERPRINT, KEEP_ALL, KEEP_DETAIL = 50, 2000, 200  # one host's SQLite
 FLEET_KEEP = (1000, 100_000, 2000)  # a fleet's PostgreSQL: many hosts' starts of one launch, per host
-USUAL_STARTS = 200  # the newest starts of a fingerprint its usual times are taken from
+USUAL_STARTS = 50  # the newest starts of a fingerprint its usual times are taken from (SQLite keeps 50)
+HOST_STARTS = 10  # and one host's newest, read beside them (``History.fleet``: ``starts_by_host``)
 ALL = 2**62  # LIMIT without a limit, in both dialects
 BUSY_S = 0.3  # the longest one wait for another writer's lock: one per record (three while the file is made)
 GREW_RATIO, GREW_MIN_S = 1.25, 1.0  # a phase grew: its latest time past both the median x ratio and median + s
@@ -329,7 +330,7 @@ class Memory:
     child starts without it): ``live``'s answers per (database, fingerprint, runs left out), and
     ``verdicts.usual``'s fingerprint per run directory."""
 
-    usuals: dict[tuple[str, str, frozenset[str]], dict[str, dict[str, Usual]]] = field(default_factory=dict)
+    usuals: dict[tuple[str, str, frozenset[str], str | None], Fleet] = field(default_factory=dict)
     fingerprints: dict[str, Fingerprint] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)  # the watchdog's thread and a recorder's
 
@@ -634,6 +635,15 @@ def p95(values: list[float]) -> float:
     return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
+@dataclass
+class Fleet:
+    """A launch's earlier starts as the watchdog keeps them: ``usuals`` (every host's), and per
+    phase, host -> the phase's times there (ended only)."""
+
+    usuals: dict[str, Usual] = field(default_factory=dict)
+    seconds: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+
+
 class History:
     """The history read back (read-only: a reader never writes, nor creates the file or tables)."""
 
@@ -751,31 +761,66 @@ class History:
         )
         return [Start(*row) for row in rows]
 
-    def _values(self, fid: str, exclude: Collection[str]) -> dict[str, list[tuple]]:
+    def _values(
+        self, fid: str, exclude: Collection[str], limit: int = USUAL_STARTS, host: str | None = None
+    ) -> dict[str, list[tuple]]:
         """phase -> (run id, started, max_s, open, role, depth, start_s, host) per start, oldest
-        first, of the fingerprint's newest ``USUAL_STARTS`` starts."""
-        rows = self._query(
-            "SELECT p.phase, s.run_id, s.started, p.max_s, p.open, p.role, p.depth, p.start_s, s.host FROM phases p "
-            "JOIN (SELECT run_id, started, host FROM starts WHERE fingerprint = ? ORDER BY started DESC LIMIT ?) s "
-            "ON s.run_id = p.run_id ORDER BY s.started",
-            (fid, USUAL_STARTS),
+        first, of the fingerprint's newest ``limit`` starts (``host``: that host's only). The cost is
+        that of those starts' phases, whatever the history's size (``starts_by_fingerprint``,
+        ``starts_by_host``)."""
+        on_host, args = ("AND host = ? ", [fid, host, limit]) if host is not None else ("", [fid, limit])
+        starts = self._query(
+            f"SELECT run_id, started, host FROM starts WHERE fingerprint = ? {on_host}ORDER BY started DESC LIMIT ?",
+            args,
         )
+        when = {run_id: (started, on) for run_id, started, on in starts if run_id not in exclude}
+        rows = []
+        ids = list(when)
+        for at in range(0, len(ids), 500):  # by their keys: an index scan in either database, stale statistics or not
+            chunk = ids[at : at + 500]
+            rows += self._query(
+                "SELECT phase, run_id, max_s, open, role, depth, start_s FROM phases "
+                f"WHERE run_id IN ({', '.join('?' for _ in chunk)})",
+                chunk,
+            )
+        rows.sort(key=lambda r: (when[r[1]][0], r[1]))
         out: dict[str, list[tuple]] = {}
-        for phase, *rest in rows:
-            if rest[0] not in exclude:
-                out.setdefault(phase, []).append(tuple(rest))
+        for phase, run_id, max_s, is_open, role, depth, start_s in rows:
+            started, on = when[run_id]
+            out.setdefault(phase, []).append((run_id, started, max_s, is_open, role, depth, start_s, on))
         return out
 
     def usuals(self, fid: str, exclude: Collection[str] = (), host: str | None = None) -> dict[str, Usual]:
         """Per phase of the fingerprint's starts (``exclude``: run ids left out; ``host``: that
         host's starts only), in the order phases usually begin."""
-        return _usuals(self._values(fid, exclude), host)
+        values = self._values(fid, exclude)
+        if host is not None:
+            values = {phase: [v for v in got if v[7] == host] for phase, got in values.items()}
+        return _usuals(values)
+
+    def fleet(self, fid: str, exclude: Collection[str] = (), host: str | None = None) -> Fleet:
+        """The fingerprint's ``usuals`` (its newest ``USUAL_STARTS`` starts), and each phase's times
+        per host in them and in ``host``'s newest ``HOST_STARTS`` (what ``history.hosts`` judges
+        that host by, on demand): what the watchdog reads once per process."""
+        values = self._values(fid, exclude)
+        seen = {v[0] for got in values.values() for v in got}
+        mine = self._values(fid, exclude, HOST_STARTS, host) if host is not None else {}
+        seconds: dict[str, dict[str, list[float]]] = {}
+        for phase in values.keys() | mine.keys():
+            per = seconds[phase] = {}
+            for v in [*values.get(phase, ()), *(v for v in mine.get(phase, ()) if v[0] not in seen)]:
+                if not v[3]:
+                    per.setdefault(v[7], []).append(v[2])
+        return Fleet(_usuals(values), seconds)
 
     def by_host(self, fid: str, exclude: Collection[str] = ()) -> dict[str, dict[str, Usual]]:
         """host -> its ``usuals`` (the fingerprint's starts on that host), the fleet's under ``""``."""
-        values = self._values(fid, exclude)
-        hosts = sorted({v[7] for got in values.values() for v in got})
-        return {"": _usuals(values, None), **{h: _usuals(values, h) for h in hosts}}
+        values = self._values(fid, exclude, ALL)
+        per_host: dict[str, dict[str, list[tuple]]] = {}
+        for phase, got in values.items():
+            for v in got:
+                per_host.setdefault(v[7], {}).setdefault(phase, []).append(v)
+        return {"": _usuals(values), **{h: _usuals(per_host[h]) for h in sorted(per_host)}}
 
     def trend(self, fid: str) -> tuple[Start | None, list[Change]]:
         """The newest start, and each phase it ended against the median of the earlier starts, the
@@ -793,10 +838,10 @@ class History:
         return newest[0], sorted(changes, key=lambda c: (-c.delta, c.phase))
 
 
-def _usuals(values: dict[str, list[tuple]], host: str | None) -> dict[str, Usual]:
+def _usuals(values: dict[str, list[tuple]]) -> dict[str, Usual]:
     out = {}
     for phase, got in values.items():
-        ended = [v for v in got if not v[3] and (host is None or v[7] == host)]
+        ended = [v for v in got if not v[3]]
         if not ended:
             continue
         seconds = [v[2] for v in ended]

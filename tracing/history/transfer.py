@@ -106,6 +106,9 @@ def load(docs: Iterable[dict[str, Any]], where: Path | Dsn) -> int:
                 batch = []
         if batch:
             n += _put(db, batch)
+        if db.pg:  # fresh statistics for the planner after a bulk load (autovacuum would, later)
+            db.run("ANALYZE starts")
+            db.run("ANALYZE phases")
     finally:
         db.close()
     return n

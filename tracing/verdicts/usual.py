@@ -42,7 +42,7 @@ class Known:
 
     fingerprint: Fingerprint
     usuals: dict[str, Usual]  # phase key -> how long it took in earlier starts
-    hosts: dict[str, dict[str, Usual]] = field(default_factory=dict)  # the same per host (``history.live.hosts``)
+    seconds: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # phase -> host -> its times there
 
     @property
     def starts(self) -> int:
@@ -62,6 +62,7 @@ def known(run: RunView) -> Known | None:
     Never raises (a bug here costs the history, said once)."""
     try:
         from ..history import fingerprint, live, store
+        from ..redact import redact
 
         try:
             where = store.of_run_dir(run.path)
@@ -78,9 +79,11 @@ def known(run: RunView) -> Known | None:
                 return None
             if fp.settled:  # read from what the run will not change: kept for every later pass
                 mem.fingerprints[str(run.path)] = fp
-        hosts = live.hosts(fp.id, where, exclude=(run.run_id,))
-        got = hosts.get("", {})
-        return Known(fp, got, hosts) if got else None
+        procs = run.processes
+        launcher = next((p for p in procs if p.role == "launcher"), procs[0] if procs else None)
+        host = redact(launcher.host, "host.name") if launcher is not None else None
+        got = live.fleet(fp.id, where, exclude=(run.run_id,), host=host)
+        return Known(fp, got.usuals, got.seconds) if got.usuals else None
     except Exception as exc:
         if process_state.say_once(("history", "usual")):
             log.warning("sglang-phasetrace: history: judging %s with it failed (%r); judged without it", run.path, exc)
@@ -141,17 +144,18 @@ def annotate(run: RunView, found: list[Finding], now_ns: int, known_: Known | No
 def on_this_host(known_: Known, proc: ProcessRec | None, phase: str) -> str | None:
     """``unusual on this host: 'x' usually takes 41 s here, 3.1x the fleet's median (13 s on 3 other
     hosts)``: this host's earlier starts are the fleet's outlier in the phase (``history.hosts``)."""
-    if proc is None or len(known_.hosts) < 3:  # the fleet and two hosts at least
+    per_host = known_.seconds.get(phase, {})
+    if proc is None or len(per_host) < 2:
         return None
-    from ..history.hosts import outlier
+    from ..history.hosts import of_seconds, outlier
     from ..redact import redact
 
-    got = outlier(known_.hosts, redact(proc.host, "host.name"), phase)
+    got = outlier(of_seconds(per_host), redact(proc.host, "host.name"), phase)
     if got is None:
         return None
     others = f"{got.hosts} other host{'s' if got.hosts > 1 else ''}"
     return (
-        f"unusual on this host: '{phase}' usually takes {duration(got.here.median)} here, "
+        f"unusual on this host: '{phase}' usually takes {duration(got.median_s)} here, "
         f"{got.ratio:.1f}x the fleet's median ({duration(got.fleet_s)} on {others})"
     )
 
