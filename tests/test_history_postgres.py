@@ -220,6 +220,22 @@ def test_a_database_down_or_refusing_the_password_costs_one_line_naming_the_host
     assert "WRONGPASSWORD" not in said and pg.password not in said
 
 
+def test_doctor_says_where_the_history_is_never_the_password(
+    pg: pg_server.Server, dsn: Dsn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert record(load_run(synthetic(tmp_path / "r", 0)), dsn) is not None
+    monkeypatch.setenv(where.ENV_HISTORY, dsn.conninfo)
+    ok, said = store.check()
+    assert ok and said.endswith("(PostgreSQL): 1 start") and f"127.0.0.1:{pg.port}" in said
+    monkeypatch.setenv(where.ENV_HISTORY, pg.dsn("postgres", password="WRONGPASSWORD"))
+    ok, said = store.check()
+    assert not ok and "password authentication failed" in said and "WRONGPASSWORD" not in said
+    monkeypatch.setenv(where.ENV_HISTORY, "postgresql:/u:WRONGPASSWORD@h/db")
+    ok, said = store.check()
+    assert not ok and "neither a path" in said and "WRONGPASSWORD" not in said
+    assert pg.password not in said
+
+
 def test_a_database_that_does_not_answer_costs_a_reader_one_second(tmp_path: Path, caplog) -> None:
     """A listener that never answers: libpq would wait 2 s (its least connect_timeout); the watchdog's
     read gives up after ``postgres.READ_WAIT_S``, said once; the next reads answer from memory."""

@@ -860,6 +860,36 @@ def _usuals(values: dict[str, list[tuple]]) -> dict[str, Usual]:
     return dict(sorted(out.items(), key=lambda kv: kv[1].start_s))
 
 
+def check(where: Path | Dsn | None = None) -> tuple[bool, str]:
+    """Whether the history can be read, in one line (``phasetrace doctor``): where it is (a DSN
+    without its password), its backend and its starts; what is wrong otherwise. Bounded as the
+    watchdog's read is."""
+    try:
+        where = location() if where is None else where
+    except HistoryError as exc:
+        return False, redact_text(str(exc))
+    if where is None:
+        return True, f"off ({ENV_HISTORY}=0)"
+    kind = "PostgreSQL" if isinstance(where, Dsn) else "SQLite"
+
+    def count() -> int:
+        with History.open(where) as history:
+            return len(history._query("SELECT run_id FROM starts"))
+
+    try:
+        if isinstance(where, Dsn):
+            from . import postgres
+
+            n = postgres.within(postgres.READ_WAIT_S * 2, f"the database at {where.host}", count)
+        else:
+            n = count()
+    except HistoryError as exc:
+        if exc.kind == "missing":
+            return True, f"{where} ({kind}): no start recorded yet"
+        return False, redact_text(f"{where} ({kind}): {exc}")
+    return True, f"{where} ({kind}): {n} start{'s' if n != 1 else ''}"
+
+
 def grew(changes: list[Change]) -> Change | None:
     """The phase that grew (``Change.grew``), if one did: the deepest of those that grew by nearly
     the most (``EXPLAINS``), since a phase's growth is its parents' too — the step that took longer,
