@@ -122,8 +122,33 @@ def test_retention_on_both(backend: Path | Dsn, tmp_path: Path, monkeypatch: pyt
         assert history._query("SELECT count(DISTINCT run_id) FROM phases")[0][0] == 5
 
 
+def test_a_slow_start_is_flagged_against_its_history_through_the_cli(
+    backend: Path | Dsn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``history --record``, ``compare --baseline`` and ``history`` as a user runs them, the setting
+    naming the database (a SQLite path, or the fleet's DSN)."""
+    base = tmp_path / "runs"
+    monkeypatch.setenv(where.ENV_HISTORY, backend.conninfo if isinstance(backend, Dsn) else str(backend))
+    for i in range(4):
+        assert main(["history", "--record", str(synthetic(base / f"ok{i}", i))]) == 0
+    slow = synthetic(base / "slow", 10, slow_rank=1)
+    capsys.readouterr()
+    assert main(["compare", str(slow), "--baseline", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["starts"] == 4 and doc["culprit"] == "model.weights_iterator"
+    assert main(["history", "--record", str(slow)]) == 0
+    capsys.readouterr()
+    assert main(["history", "--json"]) == 0
+    out = capsys.readouterr().out
+    (launch,) = json.loads(out)["launches"]
+    assert launch["starts"] == 5 and launch["trend"]["grew"] == "model.weights_iterator"
+    if isinstance(backend, Dsn):
+        assert pg_password(backend) not in out and json.loads(out)["history"] == str(backend)
+
+
 def test_an_old_schema_is_migrated_and_read_meanwhile(backend: Path | Dsn, tmp_path: Path) -> None:
-    """A database at schema 1 (before ``starts_by_host``): read as it is, migrated by the next writer."""
+    """A database at schema 1 (before ``starts_by_host`` and ``starts_detailed``): read as it is,
+    migrated by the next writer (both steps)."""
     if isinstance(backend, Dsn):
         import psycopg
 
@@ -146,13 +171,13 @@ def test_an_old_schema_is_migrated_and_read_meanwhile(backend: Path | Dsn, tmp_p
         assert history.launches() == []
     assert record(load_run(synthetic(tmp_path / "r", 0)), backend) is not None
     with History.open(backend) as history:
-        assert history.db is not None and history.db.version() == store.SCHEMA == 2
+        assert history.db is not None and history.db.version() == store.SCHEMA == 3
         index = (
-            "SELECT count(*) FROM pg_indexes WHERE indexname = 'starts_by_host'"
+            "SELECT count(*) FROM pg_indexes WHERE indexname IN ('starts_by_host', 'starts_detailed')"
             if isinstance(backend, Dsn)
-            else "SELECT count(*) FROM sqlite_master WHERE name = 'starts_by_host'"
+            else "SELECT count(*) FROM sqlite_master WHERE name IN ('starts_by_host', 'starts_detailed')"
         )
-        assert history._query(index)[0][0] == 1
+        assert history._query(index)[0][0] == 2
 
 
 def test_a_newer_schema_is_refused_with_one_line(dsn: Dsn, tmp_path: Path, caplog) -> None:

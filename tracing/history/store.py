@@ -70,7 +70,7 @@ __all__ = [
     "record",
 ]
 
-SCHEMA = 2
+SCHEMA = 3
 KEEP_PER_FINGERPRINT, KEEP_ALL, KEEP_DETAIL = 50, 2000, 200  # one host's SQLite
 FLEET_KEEP = (1000, 100_000, 2000)  # a fleet's PostgreSQL: many hosts' starts of one launch, per host
 USUAL_STARTS = 50  # the newest starts of a fingerprint its usual times are taken from (SQLite keeps 50)
@@ -98,6 +98,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "per_rank {blob}, PRIMARY KEY (run_id, phase)){without_rowid}",
     ),
     ("CREATE INDEX starts_by_host ON starts (fingerprint, host, started)",),  # 2: ``history --by host``
+    # 3: retention finds the starts that still keep their per-process detail without reading them all
+    ("CREATE INDEX starts_detailed ON starts (started) WHERE labels IS NOT NULL",),
 )
 assert len(MIGRATIONS) == SCHEMA
 _TYPES = {
@@ -400,12 +402,13 @@ def _insert(db: Db, fp: Fingerprint, m: Measured) -> None:
 def _retain(db: Db, fid: str) -> None:
     """Drop the oldest starts past the limits, and the per-process detail past the newest few."""
     per_fingerprint, overall, detail = db.keep()
-    old = []
-    for query, args in ((_OLDEST_OF, (fid, ALL, per_fingerprint)), (_OLDEST, (ALL, overall))):
-        for (run_id,) in db.q(query, args):
-            db.run("DELETE FROM phases WHERE run_id = ?", (run_id,))
-            db.run("DELETE FROM starts WHERE run_id = ?", (run_id,))
-            old.append(run_id)
+    old = [run_id for (run_id,) in db.q(_OLDEST_OF, (fid, ALL, per_fingerprint))]
+    for run_id in old:
+        _drop(db, run_id)
+    excess = db.q("SELECT count(*) FROM starts")[0][0] - overall  # the oldest read only when past the limit
+    for (run_id,) in db.q(_OLDEST, (excess,)) if excess > 0 else ():
+        _drop(db, run_id)
+        old.append(run_id)
     if old:
         db.run("DELETE FROM fingerprints WHERE id NOT IN (SELECT fingerprint FROM starts)")
     for (run_id,) in db.q(_DETAILED, (ALL, detail)):
@@ -413,8 +416,13 @@ def _retain(db: Db, fid: str) -> None:
         db.run("UPDATE starts SET labels = NULL WHERE run_id = ?", (run_id,))
 
 
+def _drop(db: Db, run_id: str) -> None:
+    db.run("DELETE FROM phases WHERE run_id = ?", (run_id,))
+    db.run("DELETE FROM starts WHERE run_id = ?", (run_id,))
+
+
 _OLDEST_OF = "SELECT run_id FROM starts WHERE fingerprint = ? ORDER BY started DESC LIMIT ? OFFSET ?"
-_OLDEST = "SELECT run_id FROM starts ORDER BY started DESC LIMIT ? OFFSET ?"
+_OLDEST = "SELECT run_id FROM starts ORDER BY started LIMIT ?"
 _DETAILED = "SELECT run_id FROM starts WHERE labels IS NOT NULL ORDER BY started DESC LIMIT ? OFFSET ?"
 
 
