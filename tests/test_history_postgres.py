@@ -2,7 +2,8 @@
 PostgreSQL 15 server each module starts (``pg_server``: initdb/pg_ctl in a temporary directory, as
 ``nobody`` when run as root, on a loopback port, password authentication) and stops. The same
 tests run on both backends where both must behave alike (``backend``). Synthetic runs
-(``test_history.synthetic``); the real traced start is in ``test_history.py``.
+(``test_history.synthetic``) for what needs many starts, hosts or a failing database; one real
+traced start (``sglang``) on a fresh "pod" that reads "usually" from PostgreSQL.
 """
 
 from __future__ import annotations
