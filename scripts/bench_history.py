@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -229,6 +230,7 @@ def fleet(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             pg_server.stop(server)
+        shutil.rmtree(out, ignore_errors=True)
     return 0
 
 

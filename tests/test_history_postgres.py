@@ -497,3 +497,29 @@ def test_a_fresh_pods_first_start_says_usually_from_the_fleets_postgresql(
     assert not list(pod.rglob("history.sqlite*")), "the pod's filesystem holds no history"
     ours = [line for line in list(lines) if line.startswith("sglang-phasetrace:")]
     assert not any(pg.password in line for line in ours) and not any("history:" in line for line in ours), ours
+
+
+def test_the_html_report_shows_the_start_against_its_history(
+    backend: Path | Dsn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``phasetrace report``: per phase, this start's time over the earlier starts' spread (the slow
+    step flagged), and the trend of the launch's total time, this start last; either backend."""
+    monkeypatch.setenv(where.ENV_HISTORY, backend.conninfo if isinstance(backend, Dsn) else str(backend))
+    base = tmp_path / "runs"
+    for i in range(4):
+        assert record(load_run(synthetic(base / f"ok{i}", i))) is not None
+    slow = synthetic(base / "slow", 10, slow_rank=1)
+    assert record(load_run(slow)) is not None
+    page = tmp_path / "report.html"
+    assert main(["report", str(slow), "-o", str(page)]) == 0
+    html = page.read_text()
+    section = html[html.index('<section id="history">') : html.index("</section>", html.index('id="history"'))]
+    assert "Against its history" in section and "from 4 earlier starts" in section
+    assert '<tr class="flagged"><td>model.weights_iterator</td>' in section
+    assert "<tr><td>dist.init</td>" in section  # as usual: not flagged
+    assert section.count("<circle") >= 5 + 5 and "Total time of the last 5 starts" in section
+    if isinstance(backend, Dsn):
+        assert pg_password(backend) not in html
+    monkeypatch.setenv(where.ENV_HISTORY, "0")
+    assert main(["report", str(slow), "-o", str(page)]) == 0
+    assert 'id="history"' not in page.read_text()
