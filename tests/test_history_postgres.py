@@ -110,6 +110,7 @@ def test_record_and_read_back(backend: Path | Dsn, tmp_path: Path, monkeypatch: 
 def test_retention_on_both(backend: Path | Dsn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(store, "KEEP_PER_FINGERPRINT", 3)
     monkeypatch.setattr(store, "KEEP_ALL", 5)
+    monkeypatch.setattr(store, "OVERALL_EVERY", 1)  # the overall limit checked at every recording
     monkeypatch.setattr(store, "KEEP_DETAIL", 2)
     monkeypatch.setattr(store, "FLEET_KEEP", (3, 5, 2))
     for i in range(5):

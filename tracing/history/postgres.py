@@ -42,16 +42,12 @@ def connect(dsn: Dsn) -> Any:
     extra: dict[str, Any] = {"application_name": "sglang-phasetrace"}
     if "connect_timeout" not in given:
         extra["connect_timeout"] = CONNECT_S
+    # the statement bound set as the connection starts (no round trip of its own), after the DSN's own options
+    extra["options"] = f"{given.get('options', '')} -c statement_timeout={int(STATEMENT_S * 1000)}".strip()
     try:
-        con = psycopg.connect(dsn.conninfo, autocommit=True, **extra)
+        return psycopg.connect(dsn.conninfo, autocommit=True, **extra)
     except psycopg.Error as exc:
         raise HistoryError(f"the database at {dsn.host} cannot be used ({_first_line(exc)})", "down") from None
-    try:
-        con.execute(f"SET statement_timeout = {int(STATEMENT_S * 1000)}")
-    except psycopg.Error as exc:
-        con.close()
-        raise error(dsn, exc) from None
-    return con
 
 
 def error(dsn: Dsn, exc: Exception) -> HistoryError:
