@@ -20,7 +20,8 @@ if command -v prometheus >/dev/null 2>&1; then
 else
     APT+=(prometheus)
 fi
-if command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+# Debian keeps the server's binaries off PATH, in /usr/lib/postgresql/N/bin ($PG_LIB: tests' stand-in)
+if command -v initdb >/dev/null 2>&1 || compgen -G "${PG_LIB:-/usr/lib/postgresql}/*/bin/initdb" >/dev/null; then
     echo "postgresql: present"
 else
     APT+=(postgresql)
