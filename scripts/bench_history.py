@@ -176,17 +176,6 @@ def fleet(args: argparse.Namespace) -> int:
     out.chmod(0o700)
     server = None
     places: list[tuple[str, Path | Dsn]] = [("SQLite", out / "history.sqlite")]
-    if args.postgres and not args.dsn:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-        import pg_server
-
-        server = pg_server.start()
-        if server is None:
-            print("no PostgreSQL server installed (scripts/install-test-tools.sh)")
-        else:
-            args.dsn = server.create("fleet")
-    if args.dsn:
-        places.append(("PostgreSQL", Dsn(args.dsn)))
     t0 = time.time() - args.fleet - 3600
     fid = f"{(args.fleet - 1) // PER_LAUNCH:012x}"  # the newest launch: PER_LAUNCH starts on HOSTS hosts
     fields = {
@@ -203,16 +192,27 @@ def fleet(args: argparse.Namespace) -> int:
     ]
     from sglang_phasetrace.tracing.history import keeper
 
-    os.environ["SGLANG_PHASETRACE_HISTORY"] = places[-1][1].conninfo if args.dsn else str(places[0][1])
-    on_path_s, _ = best(lambda: keeper.off(out), 1000)
-    print(f"on the start's path: keeper.off {on_path_s * 1e6:.1f} µs (nothing connects, nothing is read)")
     try:
+        if args.postgres and not args.dsn:
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+            import pg_server
+
+            server = pg_server.start()
+            if server is None:
+                print("no PostgreSQL server installed (scripts/install-test-tools.sh)")
+            else:
+                args.dsn = server.create("fleet")
+        if args.dsn:
+            places.append(("PostgreSQL", Dsn(args.dsn)))
+        os.environ["SGLANG_PHASETRACE_HISTORY"] = places[-1][1].conninfo if args.dsn else str(places[0][1])
+        on_path_s, _ = best(lambda: keeper.off(out), 1000)
+        print(f"on the start's path: keeper.off {on_path_s * 1e6:.1f} µs (nothing connects, nothing is read)")
         for name, where in places:
             tic = time.perf_counter()
             transfer.load(_docs(args.fleet, t0), where)
             fill_s = time.perf_counter() - tic
 
-            def read(where: Path | Dsn = where) -> dict:
+            def read(where: Path | Dsn = where) -> object:
                 store.forget()
                 return live.fleet(fid, where, host="node00")
 
