@@ -243,7 +243,7 @@ def test_install_script_installs_what_is_missing_and_then_nothing(tmp_path: Path
     stand_ins = {
         bin_dir / "sudo": 'exec "$@"',
         bin_dir / "apt-get": f'echo "apt-get $*" >> {log}\n'
-        f'case " $* " in *" install "*) for t in chromium prometheus; do printf "#!/bin/sh\\n" > {bin_dir}/$t; '
+        f'case " $* " in *" install "*) for t in chromium prometheus initdb; do printf "#!/bin/sh\\n" > {bin_dir}/$t; '
         f"chmod +x {bin_dir}/$t; done;; esac",
         venv / "bin" / "python": f'if [ "$1" = -m ]; then echo "python $*" >> {log}; touch {venv}/rotel; exit 0; fi\n'
         f"[ -f {venv}/rotel ]",  # the script's "is rotel-agent there" check
@@ -251,18 +251,18 @@ def test_install_script_installs_what_is_missing_and_then_nothing(tmp_path: Path
     for path, body in stand_ins.items():
         path.write_text(f"#!/bin/sh\n{body}\n")
         path.chmod(0o755)
-    env = {"PATH": str(bin_dir), "VENV": str(venv), "HOME": str(tmp_path)}
+    env = {"PATH": str(bin_dir), "VENV": str(venv), "HOME": str(tmp_path), "PG_LIB": str(tmp_path / "no-pg")}
 
     bash = shutil.which("bash")
     first = subprocess.run([bash, str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0, first.stderr
     assert log.read_text().splitlines() == [
         "apt-get update -q",
-        "apt-get install -y -q --no-install-recommends chromium prometheus",
+        "apt-get install -y -q --no-install-recommends chromium prometheus postgresql",
         "python -m pip install -q rotel",
     ]
     again = subprocess.run([bash, str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0, again.stderr
     assert len(log.read_text().splitlines()) == 3, "the second run installed something again"
     assert "chromium: present" in again.stdout and "rotel: present" in again.stdout
-    assert "prometheus: present" in again.stdout
+    assert "prometheus: present" in again.stdout and "postgresql: present" in again.stdout

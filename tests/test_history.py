@@ -384,6 +384,7 @@ def test_history_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: py
 def test_retention_keeps_the_newest_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(store, "KEEP_PER_FINGERPRINT", 3)
     monkeypatch.setattr(store, "KEEP_ALL", 5)
+    monkeypatch.setattr(store, "OVERALL_EVERY", 1)  # the overall limit checked at every recording
     monkeypatch.setattr(store, "KEEP_DETAIL", 2)
     db = tmp_path / "history.sqlite"
     for i in range(5):  # launch A: 5 starts, the newest 3 kept

@@ -97,6 +97,13 @@ def test_empty_secret_values_are_left_as_they_are():
     [
         ("https://user:pa55@hub.example.com/org/model", f"https://{REDACTED}@hub.example.com/org/model"),
         ("postgres://admin:hunter2@db:5432/x", f"postgres://{REDACTED}@db:5432/x"),
+        # a mistyped DSN with one slash: once a directory's name (issue 49)
+        ("postgresql:/phasetrace:hunter2@127.0.0.1:5432/fleet", f"postgresql:/{REDACTED}@127.0.0.1:5432/fleet"),
+        (
+            "./postgresql:/phasetrace:hunter2@10.0.0.5:5432/fleet/history.sqlite-wal",
+            f"./postgresql:/{REDACTED}@10.0.0.5:5432/fleet/history.sqlite-wal",
+        ),
+        ("/data/a:b/c@d", "/data/a:b/c@d"),
         ("https://ghp_abcdef@github.com/org/repo.git", f"https://{REDACTED}@github.com/org/repo.git"),
         ("http://127.0.0.1:30000/generate", "http://127.0.0.1:30000/generate"),
         ("tcp://127.0.0.1:25753", "tcp://127.0.0.1:25753"),

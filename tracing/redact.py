@@ -229,8 +229,11 @@ _PEM = re.compile(
     re.DOTALL,
 )
 # ``scheme://user:pass@host``: the password may hold ``@`` and spaces (up to the last ``@`` before
-# the path); ``scheme://token@host`` too. A scheme starts only where a word does.
-_URL_USERINFO = re.compile(r"(?P<scheme>(?<![\w+.-])[a-zA-Z][a-zA-Z0-9+.-]*://)(?:[^\s/?#@:]*:[^\n/?#]*|[^\s/?#@]+)@")
+# the path); ``scheme://token@host`` too. A scheme starts only where a word does. The single-slash
+# ``postgresql:/user:pass@host`` (a mistyped DSN, seen in a directory name) too.
+_URL_USERINFO = re.compile(
+    r"(?P<scheme>(?<![\w+.-])[a-zA-Z][a-zA-Z0-9+.-]*:/{1,2})(?:[^\s/?#@:]*:[^\n/?#]*|[^\s/?#@]+)@"
+)
 # Go's ``user:pw@tcp(db:3306)/x`` (no scheme): found by its ``@tcp(``, the password read back from there.
 _GO_DSN = re.compile(r"@(?:tcp[46]?|udp[46]?|unix)\(")
 _SCHEMES = "bearer|basic|digest|token|negotiate|ntlm|apikey|key|sso-key|aws4-hmac-sha256"
@@ -538,7 +541,7 @@ def _redact(text: str) -> str:
     if _STRUCTURE_HINT.search(text):
         if "-----BEGIN" in text:
             text = _PEM.sub(lambda m: m["head"] + REDACTED + m["tail"], text)
-        if "://" in text:
+        if ":/" in text:
             text = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
         if "@" in text:
             text = _go_dsns(text)

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..recorder.runtime import sglang_version
 from ..render.doctor_table import doctor_table
+from ..render.term import text
 from .command import make_console
 
 
@@ -73,6 +74,9 @@ be checked here. Exits 1 when a required phase resolves nowhere (tracing would m
             pass
         version = sglang_version()
         broken = [c for c in checks if c.required and c.status == "missing"]
+        from ..history.store import check as check_history  # the history's place; a DSN without its password
+
+        history_ok, history = check_history()
         if args.json:
             print(
                 json.dumps(
@@ -81,6 +85,7 @@ be checked here. Exits 1 when a required phase resolves nowhere (tracing would m
                         "phases": [check_json(plan) for plan in plans],
                         "missing_required": [c.phase for c in broken],
                         "coverage_row": row,
+                        "history": {"ok": history_ok, "said": history},
                     },
                     indent=1,
                 )
@@ -104,6 +109,7 @@ be checked here. Exits 1 when a required phase resolves nowhere (tracing would m
                 + "  ".join(f"{phase} {cell}" for phase, cell in row.items()),
                 soft_wrap=False,
             )
+            console.print(text(f"history: {history}", "" if history_ok else "bold red"))
             if any(c.status == "run time" for c in checks):
                 console.print(
                     "'run time': '*:attr' targets are resolved on the model classes SGLang loads at "

@@ -11,9 +11,10 @@ from typing import Any
 
 from ..history import fingerprint
 from ..history.baseline import against, culprit
+from ..history.hosts import outliers
 from ..history.measure import measure
-from ..history.store import ENV_HISTORY, History, HistoryError, grew, location, write
-from ..render.history_table import baseline_table, phases_table, starts_table, trend_lines
+from ..history.store import ENV_HISTORY, Dsn, History, HistoryError, grew, location, parse, write
+from ..render.history_table import baseline_table, hosts_table, phases_table, starts_table, trend_lines
 from ..render.term import text
 from ..render.units import duration
 from .command import CommandError, make_console, open_run, run_side
@@ -22,14 +23,19 @@ from .usage import at_least
 TOP_ALL = 10  # phases shown per launch when every launch is listed
 
 
-def _where(base: str | Path | None) -> Path:
-    path = location(base)
+def _where(base: str | Path | None) -> Path | Dsn:
+    """The history: SQLite in ``base``, or where ``$SGLANG_PHASETRACE_HISTORY`` says (a PostgreSQL
+    DSN too); a setting that is neither a path nor a DSN is this command's error, in one line."""
+    try:
+        path = location(base)
+    except HistoryError as exc:
+        raise CommandError(str(exc)) from None
     if path is None:
         raise CommandError(f"the history is off ({ENV_HISTORY}=0)")
     return path
 
 
-def _open(path: Path) -> History:
+def _open(path: Path | Dsn) -> History:
     try:
         return History.open(path)
     except HistoryError as exc:
@@ -52,9 +58,24 @@ trend: which phase of the newest start grew past its earlier median.
 
   phasetrace history
   phasetrace history --fingerprint 3f2a --json | jq '.launches[0].trend'
-  phasetrace history --record runs/20261203-183853-a85ae2    # a start made before, or elsewhere"""
+  phasetrace history --record runs/20261203-183853-a85ae2    # a start made before, or elsewhere
+
+A fleet keeps one history in PostgreSQL: ${ENV_HISTORY}=postgresql://user:password@host/db (or a
+libpq service=NAME; pip install 'sglang-phasetrace[postgresql]'); every start on every pod and node
+is recorded there, and a fresh pod's first start is judged against them. --by host shows, per
+phase, each host's median and p95 against the fleet's. export/import move a history between
+SQLite, PostgreSQL and a JSON-lines file (TARGET: a .jsonl file, a SQLite file or a DSN):
+
+  phasetrace history --by host
+  phasetrace history export history.jsonl      # from this history (--dir, or ${ENV_HISTORY})
+  phasetrace history import phasetrace-runs/history.sqlite   # into it"""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "move", nargs="?", choices=("export", "import"), help="move a history to TARGET, or from it into this one"
+        )
+        parser.add_argument("target", nargs="?", metavar="TARGET", help="a .jsonl file, a SQLite file or a DSN")
+        parser.add_argument("--by", choices=("host",), help="per phase, each host against the fleet")
         parser.add_argument("--dir", metavar="BASE", help="the base directory whose history to read")
         parser.add_argument("--fingerprint", metavar="ID", help="one launch (its fingerprint id, or a prefix)")
         parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
@@ -75,6 +96,10 @@ trend: which phase of the newest start grew past its earlier median.
         )
 
     def run(self, args: argparse.Namespace) -> int:
+        if args.move:
+            return self.transfer(args)
+        if args.target:
+            raise CommandError(f"{args.target!r}: TARGET goes with export or import", 2)
         if args.record:
             return self.record(args)
         path = _where(args.dir)
@@ -110,7 +135,49 @@ trend: which phase of the newest start grew past its earlier median.
             )
             for line in trend_lines(o["newest"], o["changes"], o["grew"]):
                 console.print(line)
+            if o["hosts"] is not None:
+                title = "  per host: median and p95 of each phase (x: the fleet's median)"
+                console.print(hosts_table(o["hosts"], title, top))
+                for found in outliers(o["hosts"]):
+                    console.print(
+                        text(
+                            f"unusual on host {found.host}: '{found.phase}' {duration(found.median_s)} "
+                            f"({found.n} starts), {found.ratio:.1f}x the fleet's median "
+                            f"({duration(found.fleet_s)} on {found.hosts} other host{'s' if found.hosts > 1 else ''})",
+                            "bold",
+                        )
+                    )
             console.print()
+        return 0
+
+    def transfer(self, args: argparse.Namespace) -> int:
+        """``export TARGET`` / ``import TARGET``: this history (``--dir``, else the setting) to or
+        from a JSON-lines file, a SQLite file or a PostgreSQL DSN."""
+        from ..history import transfer
+
+        if not args.target:
+            raise CommandError(f"{args.move} needs a TARGET (a .jsonl file, a SQLite file or a DSN)", 2)
+        here = _where(args.dir)
+        lines = args.target.endswith((".jsonl", ".json")) or args.target == "-"
+        try:
+            other = None if lines else parse(args.target)
+            if args.move == "export":
+                with _open(here) as history:
+                    docs = transfer.documents(history)
+                    n = transfer.write_lines(docs, Path(args.target)) if other is None else transfer.load(docs, other)
+                src, dst = here, other or args.target
+            else:
+                if other is None:
+                    n = transfer.load(transfer.read_lines(Path(args.target)), here)
+                else:
+                    with _open(other) as history:
+                        n = transfer.load(transfer.documents(history), here)
+                src, dst = other or args.target, here
+        except HistoryError as exc:
+            raise CommandError(str(exc)) from None
+        except OSError as exc:
+            raise CommandError(f"{args.target}: {exc.strerror or exc}") from None
+        make_console().print(text(f"{args.move}ed {n} start{'s' if n != 1 else ''}: {src} -> {dst}"))
         return 0
 
     def _launch(self, history: History, la: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -118,7 +185,9 @@ trend: which phase of the newest start grew past its earlier median.
         usuals = list(history.usuals(la.id).values())
         newest, changes = history.trend(la.id)
         grown = grew(changes)
+        hosts = history.by_host(la.id) if args.by == "host" else None
         return {
+            "hosts": hosts,
             "launch": la,
             "starts": starts,
             "usuals": usuals,
@@ -134,6 +203,11 @@ trend: which phase of the newest start grew past its earlier median.
                     "changes": [c.to_json() for c in changes],
                     "grew": grown.phase if grown else None,
                 },
+                **(
+                    {"hosts": {h or "fleet": [u.to_json() for u in us.values()] for h, us in hosts.items()}}
+                    if hosts is not None
+                    else {}
+                ),
             },
         }
 

@@ -88,10 +88,11 @@ def earlier_starts(view: RunView) -> Earlier | None:
     from ..history import fingerprint
     from ..history.store import History, HistoryError, _warn, of_run_dir
 
-    fp, where = fingerprint.of_run(view), of_run_dir(view.path)
-    if fp is None or where is None:
-        return None
+    fp = fingerprint.of_run(view)
     try:
+        where = of_run_dir(view.path)
+        if fp is None or where is None:
+            return None
         with History.open(where) as history:
             fid = real_launch(fp.fields, ((la.id, la.fields) for la in history.launches()))
             if fid is None:

@@ -5,7 +5,8 @@ starts says "usually 41 s" only if those starts loaded the same weights onto the
 the same graph and speculative settings. Each field is here because changing it changes how long a
 phase takes (the ``FIELDS`` table says which and why); everything else (ports, log level, API
 keys, host names) is left out, so restarting the same launch tomorrow, on another node of the same
-kind, is the same fingerprint.
+kind, is the same fingerprint; so is the model's path once its ``config.json`` hash is known
+(``identity``): another pod mounts the same weights elsewhere.
 
 Read from the run alone, so whoever reads it (the launcher's watchdog from its first pass, the
 launcher again as the start ends, ``phasetrace run``, ``status``, ``history --record`` on another
@@ -158,7 +159,21 @@ def canonical(fields: dict[str, Any]) -> str:
 
 
 def make(fields: dict[str, Any], settled: bool = True) -> Fingerprint:
-    return Fingerprint(fields, hashlib.sha256(canonical(fields).encode()).hexdigest()[:12], settled)
+    return Fingerprint(fields, hashlib.sha256(canonical(identity(fields)).encode()).hexdigest()[:12], settled)
+
+
+def identity(fields: dict[str, Any]) -> dict[str, Any]:
+    """What the id is made of: ``fields`` less the model's (and draft's) path where its config hash
+    is known. The same weights are mounted at ``/models/x`` on one pod and in a cache path on
+    another: one launch, so a fresh pod finds the fleet's earlier starts. The path stays in the
+    fields (the summary names the model by it); a model without a readable ``config.json`` is still
+    told apart by its path alone."""
+    out = dict(fields)
+    for name in ("model", "draft"):
+        model = out.get(name)
+        if isinstance(model, dict) and model.get("config"):
+            out[name] = {k: v for k, v in model.items() if k != "path"}
+    return out
 
 
 def of_run(run: RunView) -> Fingerprint | None:

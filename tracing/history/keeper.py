@@ -35,7 +35,7 @@ class Keeper:
     read (the watchdog's, whose thread refreshes the same view). ``path``: the database (default:
     the run's base directory's, ``store.of_run_dir``)."""
 
-    def __init__(self, view: RunView, lock: threading.Lock | None = None, path: Path | None = None) -> None:
+    def __init__(self, view: RunView, lock: threading.Lock | None = None, path: Path | where.Dsn | None = None) -> None:
         self.view, self.lock, self.path = view, lock or threading.Lock(), path
         self.final = False  # a request said the start has ended (ready, or the process exits)
         self.recorded: Any = None  # ``store.Recorded``, once recorded
@@ -70,11 +70,12 @@ class Keeper:
                     return
                 (outcome,), self._wanted = self._wanted, None
             try:
-                from .store import record  # here, on this thread: SQLite is imported off the start's path
+                from . import store  # here, on this thread: SQLite is imported off the start's path
 
-                with self.lock:
+                with self.lock:  # the run read under the watchdog's lock; the database written outside it
                     self.view.refresh()
-                    done = record(self.view, self.path, outcome)
+                    prepared = store.prepare(self.view, outcome)
+                done = store.save(prepared, self.path) if prepared is not None else None
                 self.recorded = done or self.recorded
             except Exception as exc:  # record() never raises; a view that cannot be read is said here
                 log.debug("sglang-phasetrace: history: recording %s failed: %r", self.view.path, exc)

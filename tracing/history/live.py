@@ -9,38 +9,62 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .store import History, HistoryError, Usual, _warn, location, memory
+from .store import Dsn, Fleet, History, HistoryError, Usual, _warn, location, memory, parse
 
 
-def usuals(fingerprint_id: str, path: str | Path | None = None, exclude: Collection[str] = ()) -> dict[str, Usual]:
+def usuals(
+    fingerprint_id: str, path: str | Path | Dsn | None = None, exclude: Collection[str] = ()
+) -> dict[str, Usual]:
     """Every phase of the fingerprint's earlier starts (``History.usuals``), in the order they
     begin; ``exclude``: run ids left out (the start in progress, once it is recorded early)."""
-    where = Path(path) if path is not None else location()
+    return fleet(fingerprint_id, path, exclude).usuals
+
+
+def fleet(
+    fingerprint_id: str, path: str | Path | Dsn | None = None, exclude: Collection[str] = (), host: str | None = None
+) -> Fleet:
+    """``usuals``, and each phase's times per host (``History.fleet``: ``host``'s own newest starts
+    too), read once per process and fingerprint."""
+    try:
+        where = location() if path is None else path if isinstance(path, Dsn | Path) else parse(str(path))
+    except HistoryError as exc:  # a setting that is neither a path nor a DSN: said once
+        _warn(exc, "phases are judged without it")
+        return Fleet()
     if where is None:
-        return {}
-    key = (str(where), fingerprint_id, frozenset(exclude))
+        return Fleet()
+    key = (str(where), fingerprint_id, frozenset(exclude), host)
     mem = memory()
     with mem.lock:
         hit = mem.usuals.get(key)
         if hit is None:
-            hit = mem.usuals[key] = _read(where, fingerprint_id, key[2])
+            hit = mem.usuals[key] = _read(where, fingerprint_id, key[2], host)
     return hit
 
 
-def _read(path: Path, fingerprint_id: str, exclude: Collection[str]) -> dict[str, Usual]:
+def _read(where: Path | Dsn, fingerprint_id: str, exclude: Collection[str], host: str | None) -> Fleet:
+    """A PostgreSQL history is read within ``postgres.READ_WAIT_S`` (libpq cannot bound a connect
+    below 2 s): a database that does not answer costs the watchdog's pass that, said once."""
+
+    def read() -> Fleet:
+        with History.open(where) as history:
+            return history.fleet(fingerprint_id, exclude, host)
+
     try:
-        with History.open(path) as history:
-            return history.usuals(fingerprint_id, exclude)
+        if isinstance(where, Dsn):
+            from . import postgres
+
+            return postgres.within(postgres.READ_WAIT_S, f"the database at {where.host}", read)
+        return read()
     except HistoryError as exc:
         if exc.kind != "missing":  # no history yet: nothing to say
             _warn(exc, "phases are judged without it")
     except Exception as exc:  # a bug of ours must not reach the watchdog
-        _warn(HistoryError(f"reading {path} failed ({exc!r})", "bug"), "phases are judged without it")
-    return {}
+        _warn(HistoryError(f"reading {where} failed ({exc!r})", "bug"), "phases are judged without it")
+    return Fleet()
 
 
 def usual(
-    fingerprint_id: str, phase: str, path: str | Path | None = None, exclude: Collection[str] = ()
+    fingerprint_id: str, phase: str, path: str | Path | Dsn | None = None, exclude: Collection[str] = ()
 ) -> Usual | None:
     """``phase`` (a phase key: ``model.load_weights [draft]``) in the fingerprint's earlier starts:
     n, median, p95, max (its slowest process's time in each); None when none of them ended it."""
@@ -58,7 +82,7 @@ def eta(
     fingerprint_id: str,
     open_phases: Mapping[str, float],
     ended: Collection[str] = (),
-    path: str | Path | None = None,
+    path: str | Path | Dsn | None = None,
     exclude: Collection[str] = (),
 ) -> Eta | None:
     """The expected remaining time of a start in progress. Its steps are the phases a rank runs

@@ -36,6 +36,7 @@ import json
 import logging
 import math
 import os
+import random
 import sqlite3
 import stat
 import statistics
@@ -55,39 +56,169 @@ from ..redact import redact_text
 from . import fingerprint as fingerprints
 from .fingerprint import Fingerprint
 from .measure import OUTCOMES, Measured, measure
-from .where import ENV_HISTORY, FILE_NAME, location, of_run_dir
+from .where import ENV_HISTORY, FILE_NAME, Dsn, HistoryError, location, of_run_dir, parse
 
-__all__ = ["ENV_HISTORY", "FILE_NAME", "History", "HistoryError", "Recorded", "location", "of_run_dir", "record"]
+__all__ = [
+    "ENV_HISTORY",
+    "FILE_NAME",
+    "Dsn",
+    "History",
+    "HistoryError",
+    "Recorded",
+    "location",
+    "of_run_dir",
+    "parse",
+    "record",
+]
 
-SCHEMA = 1
-KEEP_PER_FINGERPRINT, KEEP_ALL, KEEP_DETAIL = 50, 2000, 200
+SCHEMA = 3
+KEEP_PER_FINGERPRINT, KEEP_ALL, KEEP_DETAIL = 50, 2000, 200  # one host's SQLite
+FLEET_KEEP = (1000, 100_000, 2000)  # a fleet's PostgreSQL: many hosts' starts of one launch, per host
+USUAL_STARTS = 50  # the newest starts of a fingerprint its usual times are taken from (SQLite keeps 50)
+HOST_STARTS = 10  # and one host's newest, read beside them (``History.fleet``: ``starts_by_host``)
+ALL = 2**62  # LIMIT without a limit, in both dialects
+OVERALL_EVERY = 16  # recordings per check of the overall limit (``_retain``)
 BUSY_S = 0.3  # the longest one wait for another writer's lock: one per record (three while the file is made)
 GREW_RATIO, GREW_MIN_S = 1.25, 1.0  # a phase grew: its latest time past both the median x ratio and median + s
 EXPLAINS = 0.8  # a phase that grew by this share of the most any grew accounts for it (``grew``)
 
 log = logging.getLogger("sglang_phasetrace")
 
-_DDL = (
-    "CREATE TABLE fingerprints (id TEXT PRIMARY KEY, summary TEXT NOT NULL, fields TEXT NOT NULL)",
-    "CREATE TABLE starts (run_id TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, started REAL NOT NULL, "
-    "ended REAL NOT NULL, outcome TEXT NOT NULL, total_s REAL NOT NULL, processes INTEGER NOT NULL, "
-    "host TEXT NOT NULL, recorded REAL NOT NULL, labels BLOB)",
-    "CREATE INDEX starts_by_fingerprint ON starts (fingerprint, started)",
-    "CREATE INDEX starts_by_time ON starts (started)",
-    "CREATE TABLE phases (run_id TEXT NOT NULL, phase TEXT NOT NULL, role TEXT NOT NULL, depth INTEGER NOT NULL, "
-    "start_s REAL NOT NULL, processes INTEGER NOT NULL, count INTEGER NOT NULL, open INTEGER NOT NULL, "
-    "max_s REAL NOT NULL, median_s REAL NOT NULL, min_s REAL NOT NULL, slowest TEXT NOT NULL, per_rank BLOB, "
-    "PRIMARY KEY (run_id, phase)) WITHOUT ROWID",
+# Versioned migrations, the same in both backends (``{real}``: SQLite's REAL is PostgreSQL's float4,
+# too coarse for Unix seconds): version N is reached by running MIGRATIONS[N - 1]'s statements.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        "CREATE TABLE fingerprints (id TEXT PRIMARY KEY, summary TEXT NOT NULL, fields TEXT NOT NULL)",
+        "CREATE TABLE starts (run_id TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, started {real} NOT NULL, "
+        "ended {real} NOT NULL, outcome TEXT NOT NULL, total_s {real} NOT NULL, processes INTEGER NOT NULL, "
+        "host TEXT NOT NULL, recorded {real} NOT NULL, labels {blob})",
+        "CREATE INDEX starts_by_fingerprint ON starts (fingerprint, started)",
+        "CREATE INDEX starts_by_time ON starts (started)",
+        "CREATE TABLE phases (run_id TEXT NOT NULL, phase TEXT NOT NULL, role TEXT NOT NULL, depth INTEGER NOT NULL, "
+        "start_s {real} NOT NULL, processes INTEGER NOT NULL, count INTEGER NOT NULL, open INTEGER NOT NULL, "
+        "max_s {real} NOT NULL, median_s {real} NOT NULL, min_s {real} NOT NULL, slowest TEXT NOT NULL, "
+        "per_rank {blob}, PRIMARY KEY (run_id, phase)){without_rowid}",
+    ),
+    ("CREATE INDEX starts_by_host ON starts (fingerprint, host, started)",),  # 2: ``history --by host``
+    # 3: retention finds the starts that still keep their per-process detail without reading them all
+    ("CREATE INDEX starts_detailed ON starts (started) WHERE labels IS NOT NULL",),
+)
+assert len(MIGRATIONS) == SCHEMA
+_TYPES = {
+    "sqlite": {"real": "REAL", "blob": "BLOB", "without_rowid": " WITHOUT ROWID"},
+    "postgresql": {"real": "DOUBLE PRECISION", "blob": "BYTEA", "without_rowid": ""},
+}
+_START_COLUMNS = "run_id, fingerprint, started, ended, outcome, total_s, processes, host, recorded, labels"
+_PHASE_COLUMNS = (
+    "run_id, phase, role, depth, start_s, processes, count, open, max_s, median_s, min_s, slowest, per_rank"
 )
 
 
-class HistoryError(Exception):
-    """The history cannot be read or written; the message names the path and why. ``kind``:
-    ``busy``, ``corrupt``, ``full``, ``newer``, ``unsafe``, ``missing`` or ``write``."""
+def _upsert(table: str, columns: str, key: str) -> str:
+    """``INSERT … ON CONFLICT (key) DO UPDATE``: the same text in SQLite (3.24+) and PostgreSQL."""
+    names = [c.strip() for c in columns.split(",")]
+    keys_ = {k.strip() for k in key.split(",")}
+    sets = ", ".join(f"{c} = excluded.{c}" for c in names if c not in keys_)
+    marks = ", ".join("?" for _ in names)
+    return f"INSERT INTO {table} ({columns}) VALUES ({marks}) ON CONFLICT ({key}) DO UPDATE SET {sets}"
 
-    def __init__(self, message: str, kind: str = "write") -> None:
-        super().__init__(message)
-        self.kind = kind
+
+_PUT_FINGERPRINT = _upsert("fingerprints", "id, summary, fields", "id")
+_PUT_START = _upsert("starts", _START_COLUMNS, "run_id")
+_PUT_PHASE = _upsert("phases", _PHASE_COLUMNS, "run_id, phase")
+
+
+class Db:
+    """One connection to either backend, spoken to in one dialect: the queries are SQLite's text
+    (``?`` placeholders), the same for PostgreSQL (psycopg's ``%s``)."""
+
+    def __init__(self, con: Any, where: Path | Dsn) -> None:
+        self.con, self.where = con, where
+        self.pg = isinstance(where, Dsn)
+        self.kind = "postgresql" if self.pg else "sqlite"
+
+    def _sql(self, sql: str) -> str:
+        return sql.replace("?", "%s") if self.pg else sql
+
+    def q(self, sql: str, args: Iterable[Any] = ()) -> list[tuple]:
+        return self.con.execute(self._sql(sql), tuple(args)).fetchall()
+
+    def run(self, sql: str, args: Iterable[Any] = ()) -> None:
+        self.con.execute(self._sql(sql), tuple(args))
+
+    def many(self, sql: str, rows: list[tuple]) -> None:
+        if self.pg:
+            with self.con.cursor() as cur:
+                cur.executemany(self._sql(sql), rows)
+        else:
+            self.con.executemany(sql, rows)
+
+    def keep(self) -> tuple[int, int, int]:
+        return FLEET_KEEP if self.pg else (KEEP_PER_FINGERPRINT, KEEP_ALL, KEEP_DETAIL)
+
+    def begin(self) -> None:
+        """The write lock now: SQLite's (waiting at most ``BUSY_S``), or PostgreSQL's advisory lock
+        (at most ``postgres.LOCK_S``)."""
+        if self.pg:
+            from . import postgres
+
+            self.run("BEGIN")
+            self.run(f"SET LOCAL lock_timeout = {int(postgres.LOCK_S * 1000)}")
+            self.q(f"SELECT pg_advisory_xact_lock({postgres.LOCK_KEY})")
+        else:
+            self.run("BEGIN IMMEDIATE")
+
+    def rollback(self) -> None:
+        """Undo the open transaction, if the database has not already (SQLite does on some errors)."""
+        try:
+            if self.pg:
+                self.run("ROLLBACK")
+            elif self.con.in_transaction:
+                self.run("ROLLBACK")
+        except Exception:
+            pass
+
+    def version(self) -> int:
+        if not self.pg:
+            return self.q("PRAGMA user_version")[0][0]
+        import psycopg
+
+        try:  # one round trip: autocommit, so a missing table spoils no transaction
+            rows = self.q("SELECT version FROM phasetrace_schema")
+        except psycopg.errors.UndefinedTable:
+            return 0
+        return rows[0][0] if rows else 0
+
+    def migrate(self) -> None:
+        """Run the migrations this database has not had, under the write lock (another writer may
+        be doing it too: read again once it is held)."""
+        version = self.version()
+        if version == SCHEMA:
+            return
+        if version > SCHEMA:
+            raise _newer(self.where, version)
+        self.begin()
+        try:
+            if self.pg:
+                self.run("CREATE TABLE IF NOT EXISTS phasetrace_schema (version INTEGER NOT NULL)")
+            version = self.version()
+            if version > SCHEMA:
+                raise _newer(self.where, version)
+            for step in MIGRATIONS[version:]:
+                for statement in step:
+                    self.run(statement.format(**_TYPES[self.kind]))
+            if self.pg:
+                self.run("DELETE FROM phasetrace_schema")
+                self.run("INSERT INTO phasetrace_schema VALUES (?)", (SCHEMA,))
+            else:
+                self.run(f"PRAGMA user_version = {SCHEMA}")
+            self.run("COMMIT")
+        except BaseException:
+            self.rollback()
+            raise
+
+    def close(self) -> None:
+        self.con.close()
 
 
 @dataclass
@@ -97,11 +228,34 @@ class Recorded:
     outcome: str
     total_s: float
     phases: int
-    path: Path
+    path: Path | Dsn
     seconds: float  # what recording took (reading the run not included)
 
 
-def record(run: RunView, path: str | Path | None = None, outcome: str | None = None) -> Recorded | None:
+@dataclass
+class Prepared:
+    """A start as the history keeps it, taken from its run (under the watchdog's lock) before it is
+    written (outside it: a database that is slow holds up no one)."""
+
+    run_path: Path
+    fingerprint: Fingerprint
+    measured: Measured
+
+
+def prepare(run: RunView, outcome: str | None = None) -> Prepared | None:
+    """The run's fingerprint and measure (``outcome``: see ``record``); None when the run does not
+    say what was launched."""
+    fp = fingerprints.of_run(run)
+    if fp is None:
+        log.debug("sglang-phasetrace: history: %s does not say what was launched; not recorded", run.path)
+        return None
+    m = measure(run)
+    if outcome in OUTCOMES and m.outcome != "ready" and not (outcome == "interrupted" and m.outcome == "stalled"):
+        m.outcome = outcome
+    return Prepared(Path(run.path), fp, m)
+
+
+def record(run: RunView, path: str | Path | Dsn | None = None, outcome: str | None = None) -> Recorded | None:
     """Record the start ``run`` holds (read whole, not ``shallow``) in the history at ``path``
     (default: its base directory's, ``of_run_dir``). ``outcome``: what the caller knows better
     than the journals (one of ``measure.OUTCOMES``; it never turns a start that was ready, or one a
@@ -113,11 +267,22 @@ def record(run: RunView, path: str | Path | None = None, outcome: str | None = N
     3 ms of SQLite); 1024 ranks x 230-270 spans, 0.3-0.9 s (one pass over every span, then 10-90 ms
     of SQLite; the high end with the box loaded: ``scripts/bench_history.py``); plus at most
     ``BUSY_S`` waiting for another writer. Run it off the start's critical path (``keeper``)."""
-    where = Path(path) if path is not None else of_run_dir(run.path)
-    if where is None:
-        return None
     try:
-        return write(run, where, outcome)
+        prepared = prepare(run, outcome)
+    except Exception as exc:  # a bug of ours must not reach the start
+        _warn(HistoryError(f"measuring {run.path} failed ({exc!r})", "bug"), "this start is not recorded")
+        return None
+    return save(prepared, path) if prepared is not None else None
+
+
+def save(prepared: Prepared, path: str | Path | Dsn | None = None) -> Recorded | None:
+    """``record``'s writing half: never raises (one warning per process and problem)."""
+    where: Path | Dsn | None = None
+    try:
+        where = _place(path, prepared.run_path)
+        if where is None:
+            return None
+        return put(prepared, where)
     except HistoryError as exc:
         _warn(exc, "this start is not recorded")
     except Exception as exc:  # a bug of ours must not reach the start
@@ -125,34 +290,45 @@ def record(run: RunView, path: str | Path | None = None, outcome: str | None = N
     return None
 
 
-def write(run: RunView, path: str | Path, outcome: str | None = None) -> Recorded | None:
+def _place(path: str | Path | Dsn | None, run_path: Path) -> Path | Dsn | None:
+    if isinstance(path, Dsn):
+        return path
+    if path is not None:
+        return parse(str(path))
+    return of_run_dir(run_path)
+
+
+def write(run: RunView, path: str | Path | Dsn, outcome: str | None = None) -> Recorded | None:
     """``record`` that raises ``HistoryError`` (the CLI's ``--record``); None when the run does not
     say what was launched (no server arguments in any root)."""
-    path = Path(path)
-    fp = fingerprints.of_run(run)
-    if fp is None:
-        log.debug("sglang-phasetrace: history: %s does not say what was launched; not recorded", run.path)
+    prepared = prepare(run, outcome)
+    if prepared is None:
         return None
-    m = measure(run)
-    if outcome in OUTCOMES and m.outcome != "ready" and not (outcome == "interrupted" and m.outcome == "stalled"):
-        m.outcome = outcome
+    return put(prepared, _place(path, Path(run.path)))
+
+
+def put(prepared: Prepared, where: Path | Dsn) -> Recorded:
+    """Write a prepared start, raising ``HistoryError``."""
+    fp, m = prepared.fingerprint, prepared.measured
     tic = time.perf_counter()
-    con = _connect(path)
+    db = connect(where)
     try:
-        _begin(con, path)
         try:
-            _insert(con, fp, m)
-            _retain(con, fp.id)
-            con.execute("COMMIT")
+            db.begin()
+            _insert(db, fp, m)
+            _retain(db, fp.id)
+            db.run("COMMIT")
         except BaseException:
-            _rollback(con)
+            db.rollback()
             raise
-    except sqlite3.Error as exc:
-        raise _error(path, exc) from None
+    except HistoryError:
+        raise
+    except Exception as exc:
+        raise _db_error(where, exc) from None
     finally:
-        con.close()
+        db.close()
     forget(fp.id)  # what the watchdog's cache said of this fingerprint is out of date
-    return Recorded(run.run_id, fp, m.outcome, m.total_s, len(m.phases), path, time.perf_counter() - tic)
+    return Recorded(m.run_id, fp, m.outcome, m.total_s, len(m.phases), where, time.perf_counter() - tic)
 
 
 @dataclass(eq=False)
@@ -161,7 +337,7 @@ class Memory:
     child starts without it): ``live``'s answers per (database, fingerprint, runs left out), and
     ``verdicts.usual``'s fingerprint per run directory."""
 
-    usuals: dict[tuple[str, str, frozenset[str]], dict[str, Usual]] = field(default_factory=dict)
+    usuals: dict[tuple[str, str, frozenset[str], str | None], Fleet] = field(default_factory=dict)
     fingerprints: dict[str, Fingerprint] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)  # the watchdog's thread and a recorder's
 
@@ -179,16 +355,13 @@ def forget(fingerprint_id: str | None = None) -> None:
             del mem.usuals[key]
 
 
-def _insert(con: sqlite3.Connection, fp: Fingerprint, m: Measured) -> None:
-    con.execute("DELETE FROM phases WHERE run_id = ?", (m.run_id,))
-    con.execute("DELETE FROM starts WHERE run_id = ?", (m.run_id,))
-    con.execute(
-        "INSERT OR REPLACE INTO fingerprints (id, summary, fields) VALUES (?, ?, ?)",
-        (fp.id, fp.summary, fingerprints.canonical(fp.fields)),
-    )
+def _insert(db: Db, fp: Fingerprint, m: Measured) -> None:
+    """The start, upserted by its run id (recording it again replaces it): its phases first gone."""
+    db.run("DELETE FROM phases WHERE run_id = ?", (m.run_id,))
+    db.run(_PUT_FINGERPRINT, (fp.id, fp.summary, fingerprints.canonical(fp.fields)))
     labels = m.labels
-    con.execute(
-        "INSERT INTO starts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    db.run(
+        _PUT_START,
         (
             m.run_id,
             fp.id,
@@ -227,30 +400,64 @@ def _insert(con: sqlite3.Connection, fp: Fingerprint, m: Measured) -> None:
                 zlib.compress(per.tobytes(), 1),
             )
         )
-    con.executemany("INSERT OR REPLACE INTO phases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    if rows:
+        db.many(_PUT_PHASE, rows)
 
 
-def _retain(con: sqlite3.Connection, fid: str) -> None:
-    """Drop the oldest starts past the limits, and the per-process detail past ``KEEP_DETAIL``."""
-    old = []
-    for query, args in ((_OLDEST_OF, (fid, KEEP_PER_FINGERPRINT)), (_OLDEST, (KEEP_ALL,))):
-        for (run_id,) in con.execute(query, args).fetchall():
-            con.execute("DELETE FROM phases WHERE run_id = ?", (run_id,))
-            con.execute("DELETE FROM starts WHERE run_id = ?", (run_id,))
-            old.append(run_id)
+def _retain(db: Db, fid: str) -> None:
+    """Drop the oldest starts past the limits, and the per-process detail past the newest few."""
+    per_fingerprint, overall, detail = db.keep()
+    old = [run_id for (run_id,) in db.q(_OLDEST_OF, (fid, ALL, per_fingerprint))]
+    for run_id in old:
+        _drop(db, run_id)
+    # the whole history counted at one recording in ``OVERALL_EVERY`` (a count reads every start's
+    # index entry: 5 ms at 100 000), so it may pass its limit by a few dozen starts in between
+    excess = db.q("SELECT count(*) FROM starts")[0][0] - overall if _overall_turn() else 0
+    for (run_id,) in db.q(_OLDEST, (excess,)) if excess > 0 else ():
+        _drop(db, run_id)
+        old.append(run_id)
     if old:
-        con.execute("DELETE FROM fingerprints WHERE id NOT IN (SELECT fingerprint FROM starts)")
-    for (run_id,) in con.execute(_DETAILED, (KEEP_DETAIL,)).fetchall():
-        con.execute("UPDATE phases SET per_rank = NULL WHERE run_id = ?", (run_id,))
-        con.execute("UPDATE starts SET labels = NULL WHERE run_id = ?", (run_id,))
+        db.run("DELETE FROM fingerprints WHERE id NOT IN (SELECT fingerprint FROM starts)")
+    for (run_id,) in db.q(_DETAILED, (ALL, detail)):
+        db.run("UPDATE phases SET per_rank = NULL WHERE run_id = ?", (run_id,))
+        db.run("UPDATE starts SET labels = NULL WHERE run_id = ?", (run_id,))
 
 
-_OLDEST_OF = "SELECT run_id FROM starts WHERE fingerprint = ? ORDER BY started DESC LIMIT -1 OFFSET ?"
-_OLDEST = "SELECT run_id FROM starts ORDER BY started DESC LIMIT -1 OFFSET ?"
-_DETAILED = "SELECT run_id FROM starts WHERE labels IS NOT NULL ORDER BY started DESC LIMIT -1 OFFSET ?"
+def _overall_turn() -> bool:
+    """This recording checks the overall limit: one in ``OVERALL_EVERY``, at random."""
+    return OVERALL_EVERY <= 1 or random.randrange(OVERALL_EVERY) == 0
+
+
+def _drop(db: Db, run_id: str) -> None:
+    db.run("DELETE FROM phases WHERE run_id = ?", (run_id,))
+    db.run("DELETE FROM starts WHERE run_id = ?", (run_id,))
+
+
+_OLDEST_OF = "SELECT run_id FROM starts WHERE fingerprint = ? ORDER BY started DESC LIMIT ? OFFSET ?"
+_OLDEST = "SELECT run_id FROM starts ORDER BY started LIMIT ?"
+_DETAILED = "SELECT run_id FROM starts WHERE labels IS NOT NULL ORDER BY started DESC LIMIT ? OFFSET ?"
 
 
 # -- opening ---------------------------------------------------------------------------------------
+
+
+def connect(where: Path | Dsn) -> Db:
+    """A connection to write, its schema brought up to date: PostgreSQL's (``postgres.connect``), or
+    SQLite's (``_connect``)."""
+    if isinstance(where, Dsn):
+        from . import postgres
+
+        db = Db(postgres.connect(where), where)
+        try:
+            db.migrate()
+        except HistoryError:
+            db.close()
+            raise
+        except Exception as exc:
+            db.close()
+            raise postgres.error(where, exc) from None
+        return db
+    return Db(_connect(where), where)
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -281,9 +488,7 @@ def _connect(path: Path) -> sqlite3.Connection:
         if con.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
             con.execute("PRAGMA journal_mode=WAL")
         con.execute("PRAGMA synchronous=NORMAL")  # WAL: a power cut may lose the last start, never corrupt
-        version = con.execute("PRAGMA user_version").fetchone()[0]
-        if version != SCHEMA:
-            _migrate(con, path, version)
+        Db(con, path).migrate()
     except sqlite3.Error as exc:
         con.close()
         raise _error(path, exc) from None
@@ -291,41 +496,6 @@ def _connect(path: Path) -> sqlite3.Connection:
         con.close()
         raise
     return con
-
-
-def _migrate(con: sqlite3.Connection, path: Path, version: int) -> None:
-    """Create the tables in a new database (another writer may be doing it too: re-read under the lock)."""
-    if version > SCHEMA:
-        raise _newer(path, version)
-    _begin(con, path)
-    try:
-        version = con.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA:
-            raise _newer(path, version)
-        if version == 0:
-            for statement in _DDL:
-                con.execute(statement)
-            con.execute(f"PRAGMA user_version = {SCHEMA}")
-        con.execute("COMMIT")
-    except BaseException:
-        _rollback(con)
-        raise
-
-
-def _rollback(con: sqlite3.Connection) -> None:
-    """Undo the open transaction, if SQLite has not already (it does on some errors: a full disk)."""
-    try:
-        if con.in_transaction:
-            con.execute("ROLLBACK")
-    except sqlite3.Error:
-        pass
-
-
-def _begin(con: sqlite3.Connection, path: Path) -> None:
-    try:
-        con.execute("BEGIN IMMEDIATE")  # the write lock now, waiting at most BUSY_S
-    except sqlite3.OperationalError as exc:
-        raise _error(path, exc) from None
 
 
 def _check_file(path: Path) -> None:
@@ -346,8 +516,18 @@ def _unsafe(exc: OSError) -> bool:
     return isinstance(exc, files.UnsafeDirectory) or exc.errno == 40  # ELOOP: a link where the file goes
 
 
-def _newer(path: Path, version: int) -> HistoryError:
-    return HistoryError(f"{path} has schema {version}, newer than this sglang-phasetrace's ({SCHEMA})", "newer")
+def _newer(where: Path | Dsn, version: int) -> HistoryError:
+    return HistoryError(f"{where} has schema {version}, newer than this sglang-phasetrace's ({SCHEMA})", "newer")
+
+
+def _db_error(where: Path | Dsn, exc: Exception) -> HistoryError:
+    if isinstance(where, Dsn):
+        from . import postgres
+
+        return postgres.error(where, exc)
+    if isinstance(exc, sqlite3.Error):
+        return _error(where, exc)
+    raise exc
 
 
 def _error(path: Path, exc: sqlite3.Error) -> HistoryError:
@@ -367,10 +547,11 @@ def _error(path: Path, exc: sqlite3.Error) -> HistoryError:
 def _warn(exc: HistoryError, consequence: str) -> None:
     """One warning per process and kind of problem, whether reading or writing met it first: a
     corrupt database is said once, not once by the watchdog and again as the start is recorded.
-    Where it cannot be used at all (corrupt, newer, unsafe), the warning says both consequences."""
+    Where it cannot be used at all (corrupt, newer, unsafe, refused), the warning says both
+    consequences."""
     # a full disk is one problem with the run directory's (likely the same disk): one line (``files.say_once``)
     if process_state.say_once(("files", errno.ENOSPC) if exc.kind == "full" else ("history", exc.kind)):
-        if exc.kind in ("corrupt", "newer", "unsafe"):
+        if exc.kind in ("corrupt", "newer", "unsafe", "refused"):
             consequence = "not used by this process (no usual times, no start recorded)"
         log.warning("sglang-phasetrace: %s", redact_text(f"history: {exc}; {consequence}"))
 
@@ -474,15 +655,30 @@ def p95(values: list[float]) -> float:
     return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
-class History:
-    """The history read back (read-only: a reader never writes, nor creates the file)."""
+@dataclass
+class Fleet:
+    """A launch's earlier starts as the watchdog keeps them: ``usuals`` (every host's), and per
+    phase, host -> the phase's times there (ended only)."""
 
-    def __init__(self, path: Path, con: sqlite3.Connection | None) -> None:
-        self.path, self.con = path, con  # None: an empty history (a new file, no tables yet)
+    usuals: dict[str, Usual] = field(default_factory=dict)
+    seconds: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+
+
+class History:
+    """The history read back (read-only: a reader never writes, nor creates the file or tables)."""
+
+    def __init__(self, path: Path | Dsn, db: Db | None) -> None:
+        self.path, self.db = path, db  # None: an empty history (a new file, no tables yet)
 
     @classmethod
-    def open(cls, path: str | Path) -> History:
-        path = Path(path)
+    def open(cls, where: str | Path | Dsn) -> History:
+        if isinstance(where, Dsn):
+            return cls._open_pg(where)
+        if not isinstance(where, Path):
+            where = parse(str(where))
+            if isinstance(where, Dsn):
+                return cls._open_pg(where)
+        path = where
         if not os.path.lexists(path):
             raise HistoryError(f"{path}: no history here yet (a start is recorded when it ends)", "missing")
         _check_file(path)
@@ -493,27 +689,51 @@ class History:
             uri += "&immutable=1"
         try:
             try:
-                con = sqlite3.connect(uri, uri=True, timeout=BUSY_S)
+                con = sqlite3.connect(uri, uri=True, timeout=BUSY_S, check_same_thread=False)
                 version = con.execute("PRAGMA user_version").fetchone()[0]
             except sqlite3.OperationalError as exc:
                 if "unable to open" not in str(exc):
                     raise
                 # a copy in a directory we cannot write: WAL's -shm cannot be made there; nobody writes it
-                con = sqlite3.connect(uri.replace("&immutable=1", "") + "&immutable=1", uri=True, timeout=BUSY_S)
+                still = uri.replace("&immutable=1", "") + "&immutable=1"
+                con = sqlite3.connect(still, uri=True, timeout=BUSY_S, check_same_thread=False)
                 version = con.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.Error as exc:
             raise _read_error(path, exc) from None
+        return cls._checked(Db(con, path), version)
+
+    @classmethod
+    def _open_pg(cls, dsn: Dsn) -> History:
+        from . import postgres
+
+        db = Db(postgres.connect(dsn), dsn)
+        try:
+            version = db.version()
+        except Exception as exc:
+            db.close()
+            raise postgres.error(dsn, exc) from None
+        return cls._checked(db, version)
+
+    @classmethod
+    def _checked(cls, db: Db, version: int) -> History:
+        """An older schema is read as it is (every query reads what version 1 has); a newer one is
+        refused; none yet is an empty history."""
         if version > SCHEMA:
-            con.close()
-            raise _newer(path, version)
+            db.close()
+            raise _newer(db.where, version)
         if version == 0:
-            con.close()
-            return cls(path, None)
-        return cls(path, con)
+            db.close()
+            return cls(db.where, None)
+        return cls(db.where, db)
+
+    @property
+    def con(self) -> Any:
+        """The connection itself (tests, ``export``): SQLite's or psycopg's; None when empty."""
+        return self.db.con if self.db is not None else None
 
     def close(self) -> None:
-        if self.con is not None:
-            self.con.close()
+        if self.db is not None:
+            self.db.close()
 
     def __enter__(self) -> History:
         return self
@@ -522,18 +742,24 @@ class History:
         self.close()
 
     def _query(self, sql: str, args: Iterable[Any] = ()) -> list[tuple]:
-        if self.con is None:
+        if self.db is None:
             return []
         try:
-            return self.con.execute(sql, tuple(args)).fetchall()
+            return self.db.q(sql, args)
         except sqlite3.Error as exc:
             raise _read_error(self.path, exc) from None
+        except Exception as exc:
+            if isinstance(self.path, Dsn):
+                from . import postgres
+
+                raise postgres.error(self.path, exc) from None
+            raise
 
     def launches(self) -> list[Launch]:
         """Every fingerprint, the most recently started first."""
         rows = self._query(
             "SELECT f.id, f.summary, f.fields, count(*), max(s.started) FROM fingerprints f "
-            "JOIN starts s ON s.fingerprint = f.id GROUP BY f.id ORDER BY max(s.started) DESC"
+            "JOIN starts s ON s.fingerprint = f.id GROUP BY f.id, f.summary, f.fields ORDER BY max(s.started) DESC"
         )
         return [Launch(fid, summary, _fields(fields), n, last) for fid, summary, fields, n, last in rows]
 
@@ -556,45 +782,70 @@ class History:
         rows = self._query(
             "SELECT run_id, fingerprint, started, ended, outcome, total_s, processes, host FROM starts "
             f"{where} ORDER BY started DESC LIMIT ?",
-            [*args, -1 if limit is None else limit],
+            [*args, ALL if limit is None else limit],
         )
         return [Start(*row) for row in rows]
 
-    def _values(self, fid: str, exclude: Collection[str]) -> dict[str, list[tuple]]:
-        """phase -> (run id, started, max_s, open, role, depth, start_s) per start, oldest first."""
-        rows = self._query(
-            "SELECT p.phase, s.run_id, s.started, p.max_s, p.open, p.role, p.depth, p.start_s FROM phases p "
-            "JOIN starts s ON s.run_id = p.run_id WHERE s.fingerprint = ? ORDER BY s.started",
-            (fid,),
+    def _values(
+        self, fid: str, exclude: Collection[str], limit: int = USUAL_STARTS, host: str | None = None
+    ) -> dict[str, list[tuple]]:
+        """phase -> (run id, started, max_s, open, role, depth, start_s, host) per start, oldest
+        first, of the fingerprint's newest ``limit`` starts (``host``: that host's only). The cost is
+        that of those starts' phases, whatever the history's size (``starts_by_fingerprint``,
+        ``starts_by_host``)."""
+        on_host, args = ("AND host = ? ", [fid, host, limit]) if host is not None else ("", [fid, limit])
+        starts = self._query(
+            f"SELECT run_id, started, host FROM starts WHERE fingerprint = ? {on_host}ORDER BY started DESC LIMIT ?",
+            args,
         )
+        when = {run_id: (started, on) for run_id, started, on in starts if run_id not in exclude}
+        rows = []
+        ids = list(when)
+        for at in range(0, len(ids), 500):  # by their keys: an index scan in either database, stale statistics or not
+            chunk = ids[at : at + 500]
+            rows += self._query(
+                "SELECT phase, run_id, max_s, open, role, depth, start_s FROM phases "
+                f"WHERE run_id IN ({', '.join('?' for _ in chunk)})",
+                chunk,
+            )
+        rows.sort(key=lambda r: (when[r[1]][0], r[1]))
         out: dict[str, list[tuple]] = {}
-        for phase, *rest in rows:
-            if rest[0] not in exclude:
-                out.setdefault(phase, []).append(tuple(rest))
+        for phase, run_id, max_s, is_open, role, depth, start_s in rows:
+            started, on = when[run_id]
+            out.setdefault(phase, []).append((run_id, started, max_s, is_open, role, depth, start_s, on))
         return out
 
-    def usuals(self, fid: str, exclude: Collection[str] = ()) -> dict[str, Usual]:
-        """Per phase of the fingerprint's starts (``exclude``: run ids left out), in the order phases
-        usually begin."""
-        out = {}
-        for phase, got in self._values(fid, exclude).items():
-            ended = [v for v in got if not v[3]]
-            if not ended:
-                continue
-            seconds = [v[2] for v in ended]
-            out[phase] = Usual(
-                phase,
-                len(seconds),
-                statistics.median(seconds),
-                p95(seconds),
-                max(seconds),
-                min(seconds),
-                seconds[-1],
-                ended[-1][4],
-                min(v[5] for v in ended),
-                statistics.median(v[6] for v in ended),
-            )
-        return dict(sorted(out.items(), key=lambda kv: kv[1].start_s))
+    def usuals(self, fid: str, exclude: Collection[str] = (), host: str | None = None) -> dict[str, Usual]:
+        """Per phase of the fingerprint's starts (``exclude``: run ids left out; ``host``: that
+        host's starts only), in the order phases usually begin."""
+        values = self._values(fid, exclude)
+        if host is not None:
+            values = {phase: [v for v in got if v[7] == host] for phase, got in values.items()}
+        return _usuals(values)
+
+    def fleet(self, fid: str, exclude: Collection[str] = (), host: str | None = None) -> Fleet:
+        """The fingerprint's ``usuals`` (its newest ``USUAL_STARTS`` starts), and each phase's times
+        per host in them and in ``host``'s newest ``HOST_STARTS`` (what ``history.hosts`` judges
+        that host by, on demand): what the watchdog reads once per process."""
+        values = self._values(fid, exclude)
+        seen = {v[0] for got in values.values() for v in got}
+        mine = self._values(fid, exclude, HOST_STARTS, host) if host is not None else {}
+        seconds: dict[str, dict[str, list[float]]] = {}
+        for phase in values.keys() | mine.keys():
+            per = seconds[phase] = {}
+            for v in [*values.get(phase, ()), *(v for v in mine.get(phase, ()) if v[0] not in seen)]:
+                if not v[3]:
+                    per.setdefault(v[7], []).append(v[2])
+        return Fleet(_usuals(values), seconds)
+
+    def by_host(self, fid: str, exclude: Collection[str] = ()) -> dict[str, dict[str, Usual]]:
+        """host -> its ``usuals`` (the fingerprint's starts on that host), the fleet's under ``""``."""
+        values = self._values(fid, exclude, ALL)
+        per_host: dict[str, dict[str, list[tuple]]] = {}
+        for phase, got in values.items():
+            for v in got:
+                per_host.setdefault(v[7], {}).setdefault(phase, []).append(v)
+        return {"": _usuals(values), **{h: _usuals(per_host[h]) for h in sorted(per_host)}}
 
     def trend(self, fid: str) -> tuple[Start | None, list[Change]]:
         """The newest start, and each phase it ended against the median of the earlier starts, the
@@ -610,6 +861,58 @@ class History:
             if mine and earlier:
                 changes.append(Change(phase, mine[0][2], statistics.median(earlier), len(earlier), mine[0][5]))
         return newest[0], sorted(changes, key=lambda c: (-c.delta, c.phase))
+
+
+def _usuals(values: dict[str, list[tuple]]) -> dict[str, Usual]:
+    out = {}
+    for phase, got in values.items():
+        ended = [v for v in got if not v[3]]
+        if not ended:
+            continue
+        seconds = [v[2] for v in ended]
+        out[phase] = Usual(
+            phase,
+            len(seconds),
+            statistics.median(seconds),
+            p95(seconds),
+            max(seconds),
+            min(seconds),
+            seconds[-1],
+            ended[-1][4],
+            min(v[5] for v in ended),
+            statistics.median(v[6] for v in ended),
+        )
+    return dict(sorted(out.items(), key=lambda kv: kv[1].start_s))
+
+
+def check(where: Path | Dsn | None = None) -> tuple[bool, str]:
+    """Whether the history can be read, in one line (``phasetrace doctor``): where it is (a DSN
+    without its password), its backend and its starts; what is wrong otherwise. Bounded as the
+    watchdog's read is."""
+    try:
+        where = location() if where is None else where
+    except HistoryError as exc:
+        return False, redact_text(str(exc))
+    if where is None:
+        return True, f"off ({ENV_HISTORY}=0)"
+    kind = "PostgreSQL" if isinstance(where, Dsn) else "SQLite"
+
+    def count() -> int:
+        with History.open(where) as history:
+            return len(history._query("SELECT run_id FROM starts"))
+
+    try:
+        if isinstance(where, Dsn):
+            from . import postgres
+
+            n = postgres.within(postgres.READ_WAIT_S * 2, f"the database at {where.host}", count)
+        else:
+            n = count()
+    except HistoryError as exc:
+        if exc.kind == "missing":
+            return True, f"{where} ({kind}): no start recorded yet"
+        return False, redact_text(f"{where} ({kind}): {exc}")
+    return True, f"{where} ({kind}): {n} start{'s' if n != 1 else ''}"
 
 
 def grew(changes: list[Change]) -> Change | None:

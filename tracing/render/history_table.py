@@ -66,6 +66,27 @@ def phases_table(usuals: list[Usual], title: str, limit: int | None = None) -> T
     return table
 
 
+def hosts_table(hosts: dict[str, dict[str, Usual]], title: str, limit: int | None = None) -> Table:
+    """One row per phase (the fleet's longest first), one column per host: its median and p95, and
+    its median over the fleet's (``""``) where it is 1.5x or more."""
+    fleet = hosts.get("", {})
+    names = [h for h in hosts if h]
+    table = _table(title, ("phase", "fleet", *names), ("phase",))
+    for u in sorted(fleet.values(), key=lambda u: (-u.median, u.phase))[:limit]:
+        cells = []
+        for h in names:
+            mine = hosts[h].get(u.phase)
+            if mine is None:
+                cells.append(Text(""))
+                continue
+            ratio = mine.median / u.median if u.median > 0 else 1.0
+            cell = f"{duration(mine.median)} (p95 {duration(mine.p95)}, {mine.n})"
+            slow = ratio >= 1.5
+            cells.append(Text(cell + (f" {ratio:.1f}x" if slow else ""), style="bold red" if slow else ""))
+        table.add_row(text(u.phase), f"{duration(u.median)} (p95 {duration(u.p95)})", *cells)
+    return table
+
+
 def trend_lines(newest: Start | None, changes: list[Change], grown: Change | None) -> list[Text]:
     """``trend: run X (newest) against the median of N earlier starts: 'p' grew 12.0 s → 40.1 s (+28.1 s)``."""
     if newest is None or not changes:

@@ -406,8 +406,11 @@ def _problems_html(lay: Layout) -> str:
     return f"<ul>{''.join(items)}</ul>" if items else "<p>none</p>"
 
 
-def render_report(lay: Layout, found: list[Finding], verdicts: dict[int, Finding], ended: Ended | None = None) -> str:
-    """The page; ``ended``: the launch served and has ended since (``reader.ended.of_run``)."""
+def render_report(
+    lay: Layout, found: list[Finding], verdicts: dict[int, Finding], ended: Ended | None = None, history: str = ""
+) -> str:
+    """The page; ``ended``: the launch served and has ended since (``reader.ended.of_run``); ``history``:
+    its "Against its history" section (``history_html.section``), if any."""
     stats = within_run(lay)
     verdict_class, verdict = headline(lay, found, ended)
     data = timeline_data(lay, {s.key: s for s in stats}, verdicts)
@@ -434,6 +437,7 @@ def render_report(lay: Layout, found: list[Finding], verdicts: dict[int, Finding
         errors=f'<section id="errors"><h2>Errors</h2>{errors}</section>' if errors else "",
         stacks=f'<section id="stacks"><h2>Stack dumps</h2>{stacks}</section>' if stacks else "",
         compare=_compare_html(stats),
+        history=history,
         problems=_problems_html(lay),
         data=script_json(data),
     )
@@ -478,6 +482,7 @@ td:first-child,th:first-child{text-align:left}tr:nth-child(even) td{background:#
 .bar.err{border:2px solid #cf222e}.bar.slowest{box-shadow:inset 0 -3px 0 rgba(0,0,0,.55)}
 .stop{position:absolute;top:0;color:#cf222e;font-weight:700;font-size:11px;white-space:nowrap;z-index:3}
 .lane.running .stop{color:#7d4e00;font-weight:600}
+tr.flagged td{color:#cf222e;font-weight:600}
 #legend span{display:inline-block;margin:2px 10px 2px 0}
 #legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
 </style></head><body>
@@ -491,6 +496,7 @@ $stacks
 <div class="meta">Each lane is a process; nested phases sit below their parent. Hatched with a dashed red end:
 never ended. Red outline: failed. Dark underline: the slowest rank of that phase. Hover a bar for its attributes.</div>
 <div id="axis"></div><div id="timeline"></div><div id="legend"></div></section>
+$history
 <section id="compare"><h2>Phases across ranks (largest skew first)</h2>$compare</section>
 <section id="problems"><h2>Problems and warnings</h2>$problems</section>
 <script type="application/json" id="data">$data</script>

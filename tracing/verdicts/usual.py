@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import process_state
@@ -42,6 +42,7 @@ class Known:
 
     fingerprint: Fingerprint
     usuals: dict[str, Usual]  # phase key -> how long it took in earlier starts
+    seconds: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # phase -> host -> its times there
 
     @property
     def starts(self) -> int:
@@ -61,8 +62,13 @@ def known(run: RunView) -> Known | None:
     Never raises (a bug here costs the history, said once)."""
     try:
         from ..history import fingerprint, live, store
+        from ..redact import redact
 
-        where = store.of_run_dir(run.path)
+        try:
+            where = store.of_run_dir(run.path)
+        except store.HistoryError as exc:  # a setting that is neither a path nor a DSN: said once
+            store._warn(exc, "phases are judged without it")
+            return None
         if where is None:
             return None
         mem = store.memory()
@@ -73,8 +79,11 @@ def known(run: RunView) -> Known | None:
                 return None
             if fp.settled:  # read from what the run will not change: kept for every later pass
                 mem.fingerprints[str(run.path)] = fp
-        got = live.usuals(fp.id, where, exclude=(run.run_id,))
-        return Known(fp, got) if got else None
+        procs = run.processes
+        launcher = next((p for p in procs if p.role == "launcher"), procs[0] if procs else None)
+        host = redact(launcher.host, "host.name") if launcher is not None else None
+        got = live.fleet(fp.id, where, exclude=(run.run_id,), host=host)
+        return Known(fp, got.usuals, got.seconds) if got.usuals else None
     except Exception as exc:
         if process_state.say_once(("history", "usual")):
             log.warning("sglang-phasetrace: history: judging %s with it failed (%r); judged without it", run.path, exc)
@@ -128,7 +137,27 @@ def annotate(run: RunView, found: list[Finding], now_ns: int, known_: Known | No
             left = u.median - (now_ns - span.start) / NS
             if left >= 1:
                 text += f": ≈ {duration(left)} left by them"
-        f.message += f"; {text}"
+        here = on_this_host(known_, procs.get(f.proc), f.phase)
+        f.message += f"; {text}" + (f"; {here}" if here else "")
+
+
+def on_this_host(known_: Known, proc: ProcessRec | None, phase: str) -> str | None:
+    """``unusual on this host: 'x' usually takes 41 s here, 3.1x the fleet's median (13 s on 3 other
+    hosts)``: this host's earlier starts are the fleet's outlier in the phase (``history.hosts``)."""
+    per_host = known_.seconds.get(phase, {})
+    if proc is None or len(per_host) < 2:
+        return None
+    from ..history.hosts import of_seconds, outlier
+    from ..redact import redact
+
+    got = outlier(of_seconds(per_host), redact(proc.host, "host.name"), phase)
+    if got is None:
+        return None
+    others = f"{got.hosts} other host{'s' if got.hosts > 1 else ''}"
+    return (
+        f"unusual on this host: '{phase}' usually takes {duration(got.median_s)} here, "
+        f"{got.ratio:.1f}x the fleet's median ({duration(got.fleet_s)} on {others})"
+    )
 
 
 def unusual(run: RunView, now_ns: int, th: Thresholds, known_: Known | None, named: set[Any]) -> list[Finding]:
