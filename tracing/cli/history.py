@@ -103,7 +103,7 @@ SQLite, PostgreSQL and a JSON-lines file (TARGET: a .jsonl file, a SQLite file o
         if args.record:
             return self.record(args)
         path = _where(args.dir)
-        if not os.path.lexists(path):  # nothing recorded yet: an empty history, not an error (`| jq`)
+        if isinstance(path, Path) and not os.path.lexists(path):  # nothing recorded yet: empty, no error (`| jq`)
             return self.show(path, [], args)
         with _open(path) as history:
             try:
