@@ -27,7 +27,7 @@ from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.history import History, keeper, live, record, store, where
 from sglang_phasetrace.tracing.history.where import Dsn, HistoryError
 from sglang_phasetrace.tracing.reader.load import load_run
-from test_history import _start_until, synthetic, warnings_of
+from test_history import _start_until, fresh_state, synthetic, warnings_of  # noqa: F401  (fresh_state: autouse)
 
 pytest.importorskip("psycopg", reason="psycopg 3 is not installed (scripts/install-cpu.sh installs it)")
 
@@ -48,15 +48,6 @@ _made = iter(range(10_000))
 def dsn(pg: pg_server.Server) -> Dsn:
     """A new database of its own on the module's server."""
     return Dsn(pg.create(f"fleet{next(_made)}"))
-
-
-@pytest.fixture(autouse=True)
-def fresh_state():
-    process_state.reset()
-    store.forget()
-    yield
-    process_state.reset()
-    store.forget()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
