@@ -620,11 +620,13 @@ def _still(ev: Evidence, th: Thresholds) -> bool:
     for ``blocked_bound`` (where ``tcp_info`` says)."""
     if ev.gone or ev.busy or ev.cause not in ("lock", "socket"):
         return False
-    if ev.cause == "socket":
-        sock = ev.sockets[0]
-        recent = sock.last_recv_s is not None and sock.last_recv_s < th.blocked_bound
-        return not sock.rx_queue and not recent
-    return True
+    return ev.cause != "socket" or not receives(ev.sockets[0], th)
+
+
+def receives(sock: Any, th: Thresholds) -> bool:
+    """A socket with data waiting, or that received within ``blocked_bound`` (where ``tcp_info``
+    says): what waits on it is still fed."""
+    return bool(sock.rx_queue) or (sock.last_recv_s is not None and sock.last_recv_s < th.blocked_bound)
 
 
 def _waiting_together(

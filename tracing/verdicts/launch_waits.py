@@ -37,6 +37,7 @@ from .diagnose import (
     awaited,
     doing,
     os_state,
+    receives,
     said,
     starting,
     waits_for,
@@ -80,13 +81,7 @@ def _moves_or_waits_on_launch(ev: object, th: Thresholds) -> bool:
         return False
     if ev.busy:  # type: ignore[attr-defined]
         return True
-    return any(  # type: ignore[attr-defined]
-        s.proto == "unix"
-        or s.state == "LISTEN"
-        or s.rx_queue
-        or (s.last_recv_s is not None and s.last_recv_s < th.blocked_bound)
-        for s in ev.sockets  # type: ignore[attr-defined]
-    )
+    return any(s.proto == "unix" or s.state == "LISTEN" or receives(s, th) for s in ev.sockets)  # type: ignore[attr-defined]
 
 
 def _context(proc: ProcessRec, ranks: list[ProcessRec], launcher: ProcessRec | None, now: int) -> str:
