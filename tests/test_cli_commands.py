@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from cli_fixtures import FAIL_MESSAGE, PEER_WAIT_PHASE, STALL_PHASE, SyntheticRun, build_run
 from conftest import requires_sglang
+from sglang_phasetrace.tracing import files as files_module
 from sglang_phasetrace.tracing.cli import command as command_module
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.reader import forked_helper, load
@@ -348,6 +349,38 @@ def test_a_split_run_renders_the_same_as_one_read_in_one_process(
         assert all(view.split.lost for view in splits)
     if how.endswith("writing"):  # the Jaeger file's: the child was asked to write, and failed
         assert [view.split.lost for view in splits] == [False, False, False, True, False, False]
+
+
+@pytest.mark.forks
+def test_long_values_are_written_from_one_copy_with_the_same_bytes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every export format keeps a long attrs value as one shared piece (``files.Gathered``, written
+    by ``pwritev``, here and in a split run's child; a rank root's server arguments are 20 KB): with
+    every value counted long, the files and the piped output are the bytes made without it."""
+    from sglang_phasetrace.tracing.render import jaeger, otlp_json, perfetto
+
+    run = build_run(tmp_path / "run", ranks=6, spans=60, stalled_rank=4)
+
+    def exports(out: Path) -> list[bytes]:
+        out.mkdir()
+        got = []
+        for fmt in ("jaeger", "otlp-json", "perfetto"):
+            assert run_cli(capsys, "export", str(run.path), "--format", fmt, "-o", str(out / fmt))[0] == 0
+            code, piped, _ = run_cli(capsys, "export", str(run.path), "--format", fmt, "-o", "-")
+            assert code == 0
+            got += [(out / fmt).read_bytes(), piped.encode()]
+        return got
+
+    plain = exports(tmp_path / "plain")
+    for module in (jaeger, otlp_json, perfetto):
+        monkeypatch.setattr(module, "LONG", 0)
+    monkeypatch.setattr(load.Child, "MIN_BYTES", 0)
+    gathered = []
+    real = lane_jobs.pwrite_all
+    monkeypatch.setattr(lane_jobs, "pwrite_all", lambda fd, data, at: (gathered.append(type(data)), real(fd, data, at)))
+    assert exports(tmp_path / "gathered") == plain
+    assert files_module.Gathered in gathered  # this process's pieces (the child's are written in the child)
 
 
 def _fails(*args: Any) -> None:

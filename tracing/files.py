@@ -192,8 +192,38 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+class Gathered:
+    """Bytes kept as the pieces they were made of, so that a long text many of them share (a rank
+    root's server arguments, 20 KB, in every copy of that span) is written from its one copy rather
+    than copied into each: ``pwrite_all`` writes the pieces with ``pwritev``."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, parts: list[bytes]) -> None:
+        self.parts, self.size = parts, sum(map(len, parts))
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.parts)
+
+
+_IOV_MAX = 1024  # pieces one pwritev takes (Linux's IOV_MAX)
+
+
+def pwrite_all(fd: int, data: bytes | Gathered, offset: int) -> None:
     """``write_all`` at ``offset`` (the file position is not used, nor moved)."""
+    if isinstance(data, Gathered):
+        parts = data.parts
+        for at in range(0, len(parts), _IOV_MAX):
+            batch = parts[at : at + _IOV_MAX]
+            want = sum(map(len, batch))
+            done = os.pwritev(fd, batch, offset)
+            if done < want:  # written in part (a signal, a quota): the rest as one piece
+                pwrite_all(fd, b"".join(batch)[done:], offset + done)
+            offset += want
+        return
     view = memoryview(data)
     while view:
         done = os.pwrite(fd, view, offset)

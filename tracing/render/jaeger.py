@@ -17,7 +17,7 @@ from typing import Any
 from .. import keys
 from ..reader.forked_helper import job
 from ..verdicts.diagnose import Finding
-from .jsonout import dumps
+from .jsonout import LONG, dumps, list_items
 from .lane_jobs import Held, lanes_held, resolve
 from .lanes import OPEN_ATTR, Bar, Lane, Layout
 from .verdict import Marks, marks
@@ -86,6 +86,8 @@ _OK_SPAN = (
     b'"duration":%d,"tags":%b,"logs":[],"processID":%b,"warnings":null}'
 )
 _CHILD_OF = b'[{"refType":"CHILD_OF","traceID":%b,"spanID":%b}]'
+_OK_HEAD, _, _OK_TAIL = _OK_SPAN.partition(b'%b,"logs"')  # around long tags (``jsonout.list_items``)
+_OK_TAIL = b',"logs"' + _OK_TAIL
 
 
 class _Texts(dict):
@@ -210,6 +212,7 @@ def lane_spans(lane: Lane, arg: tuple[dict[str, str], str, dict[str, str], dict[
     flags = Marks(*arg)
     process_id = f"p{lane.index + 1}"
     pid_json, texts, tags_of, ok_span, child_of = dumps(process_id), _TEXTS, _tags_bytes, _OK_SPAN, _CHILD_OF
+    ok_head, ok_tail = _OK_HEAD, _OK_TAIL
     flagged = flags.culprit.keys() | flags.waiting_for.keys() | flags.waits_on.keys()
     groups: dict[str, list[bytes]] = {}
     trace, items, trace_json, refs = None, [], b"", {}  # refs: id(parent bar) -> its reference, in this trace
@@ -231,17 +234,18 @@ def lane_spans(lane: Lane, arg: tuple[dict[str, str], str, dict[str, str], dict[
                 child_of % (trace_json, dumps(parent.uid)) if parent.span.trace_id == trace else b"[]"
             )
         tags = tags_of.get(aid) if aid >= 0 else None
-        items.append(
-            ok_span
-            % (
-                trace_json,
-                dumps(bar.uid),
-                texts[s.name],
-                ref,
-                start // 1000,
-                (end - start) // 1000 if end > start else 0,
-                tags if tags is not None else _tags_json(s.attrs, aid),
-                pid_json,
-            )
+        if tags is None:
+            tags = _tags_json(s.attrs, aid)
+        fields = (
+            trace_json,
+            dumps(bar.uid),
+            texts[s.name],
+            ref,
+            start // 1000,
+            (end - start) // 1000 if end > start else 0,
         )
-    return [(trace, b",".join(items)) for trace, items in groups.items()]
+        if len(tags) < LONG:
+            items.append(ok_span % (*fields, tags, pid_json))
+        else:  # written from its one copy (``files.Gathered``)
+            items.append((ok_head % fields, tags, ok_tail % pid_json))
+    return [(trace, list_items(items)) for trace, items in groups.items()]

@@ -111,7 +111,7 @@ def resolve(chunks: Iterable[bytes | Held]) -> list[bytes]:
             except HelperLost:
                 pass
         got.update(zip(map(id, pieces), data if data is not None else job.here(pieces), strict=True))
-    return [got[id(c)] if isinstance(c, Held) else c for c in chunks]
+    return [bytes(got[id(c)] if isinstance(c, Held) else c) for c in chunks]
 
 
 def write_pieces(fd: int, chunks: Iterable[bytes | Held]) -> None:
@@ -167,7 +167,7 @@ def _part_hold(procs: dict[str, ProcessRec], arg: tuple) -> list[tuple[int, list
 def _part_fetch(procs: dict[str, ProcessRec], arg: tuple) -> list[bytes]:
     token, wanted = arg
     held = _HELD[token]
-    return [held[index][n] for index, n in wanted]
+    return [bytes(held[index][n]) for index, n in wanted]
 
 
 @forked_helper.job

@@ -14,11 +14,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import keys
+from ..files import Gathered
 from ..reader.forked_helper import job
 from ..reader.view import ProcessRec
 from ..verdicts.diagnose import Finding
 from .jaeger import _TEXTS, VERDICT_ATTR, WAITING_ATTR
-from .jsonout import dumps
+from .jsonout import LONG, dumps, list_items
 
 try:  # text never fails it: ``jsonout.dumps`` without its fallback, per span
     from orjson import dumps as _fast
@@ -183,25 +184,22 @@ def lane_resource_spans(lane: Lane, arg: tuple) -> list[tuple[int, bytes]]:
                 _ok_attrs.clear()
             attrs = _ok_attrs[aid] = dumps(attributes(s.attrs))
         parent = bar.parent
-        items.append(
-            _OK_SPAN
-            % (
-                texts[s.trace_id],
-                _fast(bar.uid),
-                texts[s.name],
-                s.start,
-                end,
-                attrs,
-                b',"parentSpanId":%b' % _fast(parent.uid) if parent is not None else b"",
-            )
-        )
-    return [(0, head[: -len(_HEAD_END)] + b'"spans":[' + b",".join(items) + b"]}]}")]
+        fields = (texts[s.trace_id], _fast(bar.uid), texts[s.name], s.start, end)
+        rest = _OK_TAIL % (b',"parentSpanId":%b' % _fast(parent.uid) if parent is not None else b"")
+        items.append(_OK_SPAN % (*fields, attrs, rest) if len(attrs) < LONG else (_OK_HEAD % fields, attrs, rest))
+    spans = list_items(items)
+    head = head[: -len(_HEAD_END)] + b'"spans":['
+    if isinstance(spans, Gathered):
+        return [(0, Gathered([head, *spans.parts, b"]}]}"]))]
+    return [(0, head + spans + b"]}]}")]
 
 
 # A span that ended well with nothing to flag (most of them): ``dumps(_span(...))``, byte for byte,
 # its attributes' JSON made once per ``Bar.attrs_id`` and the rest formatted in place.
 _OK_SPAN = (
-    b'{"traceId":%b,"spanId":%b,"name":%b,"kind":1,"startTimeUnixNano":"%d","endTimeUnixNano":"%d",'
-    b'"attributes":%b,"events":[],"status":{"code":1}%b}'
+    b'{"traceId":%b,"spanId":%b,"name":%b,"kind":1,"startTimeUnixNano":"%d","endTimeUnixNano":"%d","attributes":%b%b'
 )
+_OK_HEAD = _OK_SPAN.removesuffix(b"%b%b")  # before long attributes (``jsonout.list_items``)
+_OK_TAIL = b',"events":[],"status":{"code":1}%b}'
+
 _ok_attrs: dict[int, bytes] = {}  # ``Bar.attrs_id`` (never reused) -> its attributes' JSON

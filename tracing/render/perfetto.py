@@ -17,7 +17,7 @@ from typing import Any
 from ..reader.forked_helper import job
 from ..verdicts.diagnose import Finding
 from .jaeger import _TEXTS, VERDICT_ATTR, WAITING_ATTR
-from .jsonout import dumps
+from .jsonout import LONG, dumps, list_items
 
 try:  # numbers and text never fail it: ``jsonout.dumps`` without its fallback, per span
     from orjson import dumps as _fast
@@ -67,7 +67,7 @@ def lane_events(lane: Lane, arg: tuple) -> list[tuple[int, bytes]]:
     proc = lane.proc
     pid = lane.index + 1
     flagged = f"\u26a0 {flags.word} " if any(b.uid in flags.culprit for b in lane.bars) else ""  # seen collapsed
-    events: list[dict[str, Any] | bytes] = [
+    events: list[dict[str, Any] | bytes | tuple[bytes, bytes, bytes]] = [
         {
             "ph": "M",
             "name": "process_name",
@@ -105,17 +105,14 @@ def lane_events(lane: Lane, arg: tuple) -> list[tuple[int, bytes]]:
                 plain = _args(s.attrs)
                 plain["status"] = s.status
                 args = _ok_args[key] = dumps(plain)
-            events.append(
-                _X_EVENT
-                % (
-                    texts[s.name],
-                    texts[cat],
-                    _fast({"ts": (s.start - start) / 1000, "dur": (bar.end - s.start) / 1000})[1:-1],
-                    pid,
-                    tid,
-                    args,
-                )
+            fields = (
+                texts[s.name],
+                texts[cat],
+                _fast({"ts": (s.start - start) / 1000, "dur": (bar.end - s.start) / 1000})[1:-1],
+                pid,
+                tid,
             )
+            events.append(_X_EVENT % (*fields, args) if len(args) < LONG else (_X_HEAD % fields, args, b"}"))
             continue
         args = _args(s.attrs)
         args["status"] = s.status
@@ -154,10 +151,11 @@ def lane_events(lane: Lane, arg: tuple) -> list[tuple[int, bytes]]:
             }
             for e in s.events
         )
-    return [(0, b",".join(e if type(e) is bytes else dumps(e) for e in events))]
+    return [(0, list_items([dumps(e) if type(e) is dict else e for e in events]))]
 
 
 # A phase that ended well with nothing to flag (most of them): ``dumps`` of its event, byte for
 # byte, its args' JSON made once per ``Bar.attrs_id`` and status, the rest formatted in place.
 _X_EVENT = b'{"name":%b,"cat":%b,"ph":"X",%b,"pid":%d,"tid":%d,"args":%b}'
+_X_HEAD = _X_EVENT.removesuffix(b"%b}")  # before long args (``jsonout.list_items``)
 _ok_args: dict[tuple[int, str], bytes] = {}
