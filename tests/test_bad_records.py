@@ -320,7 +320,7 @@ def bulk_accepts(record: dict[str, Any]) -> bool | None:
         return None
     kind, decoder = entry
     try:
-        return bulk_decode.bulk_valid(kind, decoder.decode(b"[" + text + b"]"))
+        return bulk_decode.bulk_valid(kind, bulk_decode.decode_lines(decoder, [text]))
     except (msgspec.DecodeError, ValueError, RecursionError):
         return False
 

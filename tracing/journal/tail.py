@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover
 from pathlib import Path
 from typing import Any
 
-from .bulk_decode import BULK, BULK_PREFIX, bulk_valid
+from .bulk_decode import BULK, BULK_PREFIX, bulk_valid, decode_lines
 from .schema import KINDS, all_valid, trim, validate
 from .writer import RECORD_MAX
 
@@ -94,7 +94,7 @@ class JournalTail:
             for prefix, (kind, decoder) in BULK.items():
                 mine = list(compress(lines, map(prefix.__eq__, heads)))
                 if mine:
-                    items = decoder.decode(b"[" + b",".join(mine) + b"]")
+                    items = decode_lines(decoder, mine)
                     if not bulk_valid(kind, items):
                         raise ValueError(kind)
                     bulk[kind] = items
