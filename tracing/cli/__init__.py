@@ -15,7 +15,7 @@ import os
 import sys
 
 from ..redact import printable
-from .command import PREFIX, Command, CommandError, where
+from .command import _KEPT, PREFIX, Command, CommandError, where
 from .usage import epilog
 
 ABOUT = """\
@@ -82,6 +82,7 @@ def build_parser(verbs: list[Command]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _KEPT.clear()  # what the previous call kept (``keep``)
     try:
         parser = build_parser(commands(argv[0] if argv else None))
         args, extra = parser.parse_known_args(argv)

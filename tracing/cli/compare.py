@@ -11,7 +11,7 @@ from ..render.compare_table import ranks_table, runs_table
 from ..render.lanes import layout, unreadable_text
 from ..render.phase_stats import between_runs, within_run
 from ..render.term import text
-from .command import CommandError, complete, make_console, open_run, run_side
+from .command import CommandError, complete, keep, make_console, open_run, run_side
 from .usage import at_least
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ Phases that never ended count up to the end of the run and are marked (open).
             return baseline(args)
         if len(args.runs) > 2:
             raise CommandError(f"takes one run directory (ranks) or two (A B), not {len(args.runs)}", 2)
-        lays = [layout(open_run(*run_side(arg), split=True), attrs=False) for arg in args.runs]  # shows no attrs
+        lays = keep([layout(open_run(*run_side(arg), split=True), attrs=False) for arg in args.runs])  # shows no attrs
         console = make_console()
         missed = [(arg, p) for arg, lay in zip(args.runs, lays, strict=True) for p in lay.run.processes if p.unreadable]
         unread = [

@@ -15,7 +15,7 @@ from ..render.otlp_json import otlp_chunks
 from ..render.perfetto import perfetto_chunks
 from ..verdicts.diagnose import Finding
 from ..verdicts.findings import findings
-from .command import RUN_DIRS_HELP, CommandError, complete, open_run, write_chunks
+from .command import RUN_DIRS_HELP, CommandError, complete, keep, open_run, write_chunks
 from .usage import seconds
 
 # format -> its document a piece at a time, each lane's made where its spans are (a split run's child)
@@ -108,7 +108,7 @@ for it carry phasetrace.waiting_for.
 
     def run(self, args: argparse.Namespace) -> int:
         split = not args.endpoint  # each lane's spans made where they were read
-        lay = layout(open_run(*args.run_dirs, split=split))
+        lay = keep(layout(open_run(*args.run_dirs, split=split)))
         if args.endpoint:
             headers = dict(h.split("=", 1) for h in args.header if "=" in h)
             n = send(lay, args.endpoint, args.protocol, headers, args.timeout)

@@ -12,7 +12,7 @@ from ..render.html_report import render_report
 from ..render.lanes import Layout, layout
 from ..verdicts.diagnose import Finding
 from ..verdicts.findings import by_process, findings
-from .command import PREFIX, RUN_DIRS_HELP, complete, open_run, write_output
+from .command import PREFIX, RUN_DIRS_HELP, complete, keep, open_run, write_output
 
 
 def write_report(
@@ -76,7 +76,7 @@ with the culprit's stack dump, errors with their tracebacks, one timeline lane p
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        lay = layout(open_run(*args.run_dirs, split=True))  # each lane's bars made where they were read
+        lay = keep(layout(open_run(*args.run_dirs, split=True)))  # each lane's bars made where they were read
         output = args.output or str(Path(args.run_dirs[0]) / "report.html")
         write_report(lay, output, ended=of_run(lay.run), history=against_history(args.run_dirs))
         if output != "-":

@@ -30,6 +30,7 @@ from .command import (
     EXIT_STALLED,
     RUN_DIRS_HELP,
     check_run_dir,
+    keep,
     make_console,
     report_problems,
 )
@@ -87,7 +88,7 @@ frame. Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one fa
     ) -> tuple[list[StatusRow], list[Finding], Group]:
         refresh_parallel(view, shallow=0)  # a first read of a large run on two cores; later: what was appended
         now = time.time_ns()
-        lay = layout(view, now, depth=0)  # the table shows where each process is, not every phase
+        lay = keep(layout(view, now, depth=0))  # the table shows where each process is, not every phase
         thresholds = Thresholds.from_env()
         if args.silent_after is not None:
             thresholds = dataclasses.replace(thresholds, silent_s=args.silent_after)
@@ -119,7 +120,7 @@ frame. Exits {EXIT_STALLED} when a rank is stalled and {EXIT_FAILED} when one fa
         return rows, found, Group(table, *over, *verdict_lines(rows), *extra, *lacking, *history)
 
     def run(self, args: argparse.Namespace) -> int:
-        view = RunView(*(check_run_dir(path) for path in args.run_dirs))
+        view = keep(RunView(*(check_run_dir(path) for path in args.run_dirs)))
         said: set[str] = set()
         # The first frame reads the whole run: one large acyclic graph of records, which the cyclic
         # GC would rescan over and over (as for the ``bulk`` verbs). It stays off while it is built,

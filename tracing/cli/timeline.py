@@ -7,7 +7,7 @@ import argparse
 from ..render.jsonout import dumps
 from ..render.lanes import layout
 from ..render.timeline_text import MIN_WIDTH, render_timeline, timeline_json
-from .command import RUN_DIRS_HELP, complete, make_console, open_run, print_lines, write_output
+from .command import RUN_DIRS_HELP, complete, keep, make_console, open_run, print_lines, write_output
 from .usage import at_least
 
 
@@ -44,10 +44,10 @@ capitals; a phase that never ended (still running, or the process died there) en
     def run(self, args: argparse.Namespace) -> int:
         depth = args.depth
         if args.json:
-            lay = layout(open_run(*args.run_dirs), depth=depth)
+            lay = keep(layout(open_run(*args.run_dirs), depth=depth))
             write_output(dumps(timeline_json(lay, depth)) + b"\n", None)
             return complete(lay.run)
-        lay = layout(open_run(*args.run_dirs, split=True), depth=depth)  # each lane's rows drawn where it was read
+        lay = keep(layout(open_run(*args.run_dirs, split=True), depth=depth))  # each lane drawn where it was read
         console = make_console(args.width)
         print_lines(console, render_timeline(lay, width=console.width, depth=depth))
         return complete(lay.run)
