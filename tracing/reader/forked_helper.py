@@ -143,7 +143,7 @@ def _child(conn: Connection, setup: Callable[[Callable[[Any], None]], Any], serv
             try:
                 name, arg, with_fd = conn.recv()
             except EOFError:
-                return
+                break
             fd = reduction.recv_handle(conn) if with_fd else None
             try:
                 fn = named(name)
@@ -156,6 +156,7 @@ def _child(conn: Connection, setup: Callable[[Callable[[Any], None]], Any], serv
             conn.send(answer)
     except BaseException:  # the parent is gone, setup failed (its reply says so), or Ctrl-C: quietly
         os._exit(1)
+    os._exit(0)  # its state not freed: half a large run, which a parent waiting for the exit would wait on
 
 
 def _widen(conn: Connection) -> None:
