@@ -105,3 +105,56 @@ def test_no_fork_while_another_thread_runs() -> None:
         stop.set()
         other.join()
     assert forked_helper.can_fork()
+
+
+_VIEWER = """
+import sys
+from sglang_phasetrace.tracing.cli import console
+from sglang_phasetrace.tracing.reader import forked_helper, load
+load.Child.MIN_BYTES = 0
+start = forked_helper.Helper.start.__func__
+def spy(cls, *args, **kwargs):
+    helper = start(cls, *args, **kwargs)
+    print(f"helper {helper.pid}", file=sys.stderr, flush=True)
+    return helper
+forked_helper.Helper.start = classmethod(spy)
+sys.argv = ["phasetrace", *sys.argv[1:]]
+console()
+"""
+
+
+@pytest.mark.parametrize("verb", [["export", "-o", "OUT"], ["timeline"], ["status", "--once"]])
+def test_a_viewer_leaves_no_helper_behind(tmp_path: Path, verb: list[str]) -> None:
+    """A viewer ends with ``os._exit``, its run kept to the end (``command.keep``), so nothing of it
+    ends its helper: the helper holds no copy of the parent's end of their connection, and the
+    parent's exit is its EOF. (Each used to live on, waiting for a message, once the run was kept.)"""
+    import subprocess
+    import sys
+    import time
+
+    from cli_fixtures import build_run
+
+    run = build_run(tmp_path / "run", ranks=4, spans=30)
+    argv = [a.replace("OUT", str(tmp_path / "out.json")) for a in verb]
+    done = subprocess.run(
+        [sys.executable, "-c", _VIEWER, argv[0], str(run.path), *argv[1:]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SGLANG_PHASETRACE_INDEX": "0"},
+    )
+    pids = [int(line.split()[1]) for line in done.stderr.splitlines() if line.startswith("helper ")]
+    assert pids, done.stderr
+    deadline = time.monotonic() + 10
+    while any(_lives(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_lives(pid) for pid in pids), done.stderr
+
+
+def _lives(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False

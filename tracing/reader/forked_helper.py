@@ -91,7 +91,9 @@ class Helper:
         here, there = context.Pipe(duplex=True)
         _widen(here)
         _widen(there)
-        process = context.Process(target=_child, args=(there, setup, serve), name="phasetrace-helper", daemon=True)
+        process = context.Process(
+            target=_child, args=(there, setup, serve, here), name="phasetrace-helper", daemon=True
+        )
         try:
             process.start()
         except OSError:
@@ -135,8 +137,14 @@ class Helper:
         self.process.join()
 
 
-def _child(conn: Connection, setup: Callable[[Callable[[Any], None]], Any], serve: bool) -> None:
-    """The helper's life: ``setup``, then jobs until the parent closes the connection."""
+def _child(
+    conn: Connection, setup: Callable[[Callable[[Any], None]], Any], serve: bool, parents: Connection | None = None
+) -> None:
+    """The helper's life: ``setup``, then jobs until the parent closes the connection. ``parents``:
+    the parent's end, closed here first, so that the parent's exit (a viewer ends with ``os._exit``,
+    its finalizers not run) is this end's EOF and the helper's end too."""
+    if parents is not None:
+        parents.close()
     try:
         state = setup(lambda value: conn.send(("ok", value)))
         while serve:
