@@ -440,6 +440,54 @@ def test_a_large_run_has_its_index_written_by_a_process_of_its_own(
     assert {state for _, state in loaded.journals.values()} == {index.FRESH}
 
 
+def test_a_viewer_waits_for_a_writer_at_work_and_reads_its_index(
+    run: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer holds the run directory while it reads and writes (``index.hold``): a viewer that
+    starts meanwhile waits for its index (at most ``WRITER_WAIT_S``) rather than reading the
+    journals beside it, a second writer leaves it to the first, and a writer that never ends
+    costs a viewer the bound, not more."""
+    import fcntl
+    import threading
+
+    held = index.hold([run])
+    assert held and index.hold([run]) is None  # a second writer: the first one writes
+    reads: list[bool] = []  # per journal: taken from the index
+    first_read = load._first_read
+
+    def spy(view: RunView, journals: list[Path], used: dict, *args: Any) -> None:
+        if threading.current_thread() is threading.main_thread():  # the viewer's (not the writer's)
+            reads.extend(bool(used.get(path)) for path in view.paths)
+        first_read(view, journals, used, *args)
+
+    monkeypatch.setattr(load, "_first_read", spy)
+
+    def write_then_let_go() -> None:
+        time.sleep(0.5)
+        assert load.index_run([run]) and (run / index.INDEX_NAME).exists()
+        os.close(held[0])
+
+    writer = threading.Thread(target=write_then_let_go)
+    tic = time.monotonic()
+    writer.start()
+    assert main(["status", str(run), "--once"]) in (0, 8)
+    writer.join()
+    assert time.monotonic() - tic >= 0.5 and reads == [True]  # it waited, then read the index
+    capsys.readouterr()
+
+    fd = os.open(run, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a writer that never lets go
+    try:
+        tic = time.monotonic()
+        index.await_writer(run, bound=0.3)
+        assert 0.3 <= time.monotonic() - tic < 2
+    finally:
+        os.close(fd)
+    tic = time.monotonic()
+    index.await_writer(run)  # nobody holds it: no wait
+    assert time.monotonic() - tic < 0.1
+
+
 def test_whoever_ends_the_run_has_it_indexed_once_it_has_exited(run: Path) -> None:
     """A launcher at its end (or ``phasetrace run``) asks for the index and exits at once: a
     detached writer waits for it to be gone, then writes it."""
