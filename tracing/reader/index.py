@@ -38,7 +38,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import fields
 from itertools import repeat
-from operator import attrgetter
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -47,7 +46,7 @@ import msgspec
 from .. import files, other_processes
 from ..journal import bulk_decode, schema
 from ..journal import tail as journal_tail
-from ..journal.bulk_decode import SpanRec
+from ..journal.bulk_decode import SpanRec, without_attrs
 from ..journal.layout import JOURNAL_DIR
 from ..journal.tail import JournalTail, journal_max
 from ..redact import printable
@@ -508,8 +507,8 @@ def encode(view: RunView, run_path: Path, done: bool, levels_of: Levels, shallow
         )
         parts = [
             _ENC.encode(head),
-            _ENC.encode(_bare(spans)),
-            _ENC.encode(_bare(shallow) if proc.role == "rank" else None),
+            _ENC.encode(without_attrs(spans)),
+            _ENC.encode(without_attrs(shallow) if proc.role == "rank" else None),
             _ENC.encode(list(proc.spans)),
         ]
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -582,18 +581,6 @@ def _split_safe(procs_: list[ProcessRec], shallows: list[set[str]]) -> bool:
             if up and up not in proc.spans and up in owner and up not in shallows[owner[up]]:
                 return False
     return True
-
-
-def _bare(spans: list[SpanRec]) -> list[SpanRec]:
-    """Copies without their attrs (the index's table holds them once), as plain ``SpanRec``s (a
-    span decoded from its line is of a tagged subclass: its tag is not kept). Made positionally:
-    by keyword it was a third of a 1024-rank index's encoding."""
-    return [SpanRec(*_HEAD_FIELDS(span), _NO_ATTRS, *_TAIL_FIELDS(span)) for span in spans]
-
-
-_AT = SpanRec.__struct_fields__.index("attrs")
-_HEAD_FIELDS = attrgetter(*SpanRec.__struct_fields__[:_AT])
-_TAIL_FIELDS = attrgetter(*SpanRec.__struct_fields__[_AT + 1 :])
 
 
 def write(view: RunView, done: bool, levels_of: Levels, shallow_of: Shallow) -> list[Path]:

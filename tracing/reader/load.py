@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 from dataclasses import fields
+from itertools import repeat
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from typing import Any
 import msgspec
 
 from .. import keys
-from ..journal.bulk_decode import SpanRec
+from ..journal.bulk_decode import SpanRec, without_attrs
 from ..journal.layout import JOURNAL_DIR
 from ..journal.tail import JournalTail
 from . import index
@@ -183,6 +185,7 @@ def load_run(
 
 
 _SPAN_ID = attrgetter("span_id")
+_ATTRS_OF = attrgetter("attrs")
 _PROC_FIELDS = tuple(f.name for f in fields(ProcessRec) if f.name not in ("path", "spans"))
 
 
@@ -247,7 +250,10 @@ class Child:
             """In the helper: read, answer, and (``serve``) keep every process whole."""
             later = {path for path in mine if serve and _fresh(known, path)}  # the parent takes these from the index
             read = {path: _read_whole(path, final, known) for path in mine if path not in later}
-            answer([None if path in later else _pack(*read[path], shallow, serve) for path in mine])
+            table: dict[int, int] = {}
+            objects: list[dict[str, Any]] = []  # the attrs objects of every span sent, once each
+            packs = [None if path in later else _pack(*read[path], shallow, serve, (table, objects)) for path in mine]
+            answer((packs, objects))
             for path in later:  # decoded while the parent decodes its own
                 read[path] = _read_whole(path, final, known)
             return {str(path): read[path][1] for path in mine}
@@ -260,7 +266,7 @@ class Child:
     ) -> dict[Path, tuple[JournalTail, ProcessRec]] | None:
         """The child's journals, or None when it failed (those it sent as None: from ``indexed``)."""
         try:
-            packed = self.helper.reply()
+            packed, objects = self.helper.reply()
             if not self.serving and not self.helper.ended_well():
                 return None
             got = {}
@@ -270,9 +276,9 @@ class Child:
                     got[path] = loaded.restore(path, shallow=True)
                     self.extras[path] = loaded.extras(path, ids)
                     continue
-                got[path] = _unpack(path, item[:3])
+                got[path] = _unpack(path, item[:4], objects)
                 if self.serving:
-                    self.extras[path] = item[3]
+                    self.extras[path] = item[4]
             return got
         except (HelperLost, OSError, ValueError, TypeError, KeyError, msgspec.DecodeError):
             return None
@@ -416,16 +422,34 @@ def _read_whole(
     return tail, proc
 
 
-def _pack(tail: JournalTail, proc: ProcessRec, shallow: int | None = None, extras: bool = False) -> tuple:
-    """One journal's state, as ``_unpack`` takes it back: the spans as msgpack (decoded in C by
-    the parent, straight into ``SpanRec``s), the rest as plain data. ``extras``: also every
-    span id, the earliest start at each depth and the latest end or start (``Split``)."""
+def _pack(
+    tail: JournalTail,
+    proc: ProcessRec,
+    shallow: int | None,
+    extras: bool,
+    attrs: tuple[dict[int, int], list[dict[str, Any]]],
+) -> tuple:
+    """One journal's state, as ``_unpack`` takes it back: the spans as msgpack without their attrs
+    (decoded in C by the parent, straight into ``SpanRec``s), each one's attrs as its place in
+    ``attrs`` (id of an attrs object -> its place; the objects, sent once for all journals: a rank
+    root's 20 KB server arguments are one object shared by its copies), the rest as plain data.
+    ``extras``: also every span id, the earliest start at each depth and the latest end or start
+    (``Split``)."""
     levels = _levels(proc.spans) if shallow is not None or extras else {}
     spans = list(proc.spans.values()) if shallow is None else _shallow(proc, shallow, levels)
+    table, objects = attrs
+    ids = []
+    for value in map(_ATTRS_OF, spans):
+        at = table.get(id(value))
+        if at is None:
+            at = table[id(value)] = len(objects)
+            objects.append(value)  # held: its id is not reused meanwhile
+        ids.append(at)
     packed = (
         [getattr(tail, name) for name in _TAIL_FIELDS],
         [getattr(proc, name) for name in _PROC_FIELDS],
-        msgspec.msgpack.encode(spans),
+        msgspec.msgpack.encode(without_attrs(spans)),
+        ids,
     )
     if not extras:
         return packed
@@ -488,14 +512,17 @@ def _shallow(proc: ProcessRec, depth: int, levels: dict[str, int]) -> list[SpanR
     return [span for sid, span in spans.items() if sid in keep]
 
 
-def _unpack(path: Path, item: tuple) -> tuple[JournalTail, ProcessRec]:
-    tail_state, proc_state, spans = item
+def _unpack(path: Path, item: tuple, objects: list[dict[str, Any]]) -> tuple[JournalTail, ProcessRec]:
+    tail_state, proc_state, spans, ids = item
     tail, proc = JournalTail(path), ProcessRec(path)
     for name, value in zip(_TAIL_FIELDS, tail_state, strict=True):
         setattr(tail, name, value)
     for name, value in zip(_PROC_FIELDS, proc_state, strict=True):
         setattr(proc, name, value)
     decoded = _SPANS.decode(spans)
+    if len(ids) != len(decoded):
+        raise ValueError(f"{path.name}: {len(decoded)} spans, {len(ids)} attrs")
+    deque(map(setattr, decoded, repeat("attrs"), map(objects.__getitem__, ids)), 0)
     proc.spans = dict(zip(map(_SPAN_ID, decoded), decoded, strict=True))
     return tail, proc
 
