@@ -19,8 +19,10 @@ first call (the watchdog's thread), not with the launcher's watchdog.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import process_state
@@ -61,16 +63,20 @@ def known(run: RunView) -> Known | None:
     without history, without a fingerprint, or when none of its launch's starts ended a phase.
     Never raises (a bug here costs the history, said once)."""
     try:
+        from ..history import where as places
+
+        try:
+            where = places.of_run_dir(run.path)
+        except places.HistoryError as exc:  # a setting that is neither a path nor a DSN: said once
+            from ..history import store
+
+            store._warn(exc, "phases are judged without it")
+            return None
+        if where is None or (isinstance(where, Path) and not os.path.lexists(where)):
+            return None  # no history (yet): nothing more is imported (SQLite, the store: 60 ms a viewer)
         from ..history import fingerprint, live, store
         from ..redact import redact
 
-        try:
-            where = store.of_run_dir(run.path)
-        except store.HistoryError as exc:  # a setting that is neither a path nor a DSN: said once
-            store._warn(exc, "phases are judged without it")
-            return None
-        if where is None:
-            return None
         mem = store.memory()
         fp = mem.fingerprints.get(str(run.path))
         if fp is None:
