@@ -383,6 +383,19 @@ def test_long_values_are_written_from_one_copy_with_the_same_bytes(
     assert files_module.Gathered in gathered  # this process's pieces (the child's are written in the child)
 
 
+@pytest.mark.parametrize(
+    "items",
+    [[b"a"], [(b"h", b"L", b"t")], [b"a", (b"h", b"L", b"t"), b"b"], [(b"h", b"L", b"t"), (b"H", b"M", b"T")]]
+    + [[b"a", b"b", (b"h", b"L", b"t")], [(b"h", b"L", b"t"), b"a", b"b"], []],
+)
+def test_list_items_is_the_items_joined(items: list) -> None:
+    from sglang_phasetrace.tracing.render.jsonout import list_items
+
+    got = list_items(items)
+    assert bytes(got) == b",".join(x if type(x) is bytes else b"".join(x) for x in items)
+    assert any(type(x) is tuple for x in items) == isinstance(got, files_module.Gathered)
+
+
 def _fails(*args: Any) -> None:
     raise RuntimeError("the child fails")
 
