@@ -385,8 +385,15 @@ def test_long_values_are_written_from_one_copy_with_the_same_bytes(
 
 @pytest.mark.parametrize(
     "items",
-    [[b"a"], [(b"h", b"L", b"t")], [b"a", (b"h", b"L", b"t"), b"b"], [(b"h", b"L", b"t"), (b"H", b"M", b"T")]]
-    + [[b"a", b"b", (b"h", b"L", b"t")], [(b"h", b"L", b"t"), b"a", b"b"], []],
+    [
+        [b"a"],
+        [(b"h", b"L", b"t")],
+        [b"a", (b"h", b"L", b"t"), b"b"],
+        [(b"h", b"L", b"t"), (b"H", b"M", b"T")],
+        [b"a", b"b", (b"h", b"L", b"t")],
+        [(b"h", b"L", b"t"), b"a", b"b"],
+        [],
+    ],
 )
 def test_list_items_is_the_items_joined(items: list) -> None:
     from sglang_phasetrace.tracing.render.jsonout import list_items
