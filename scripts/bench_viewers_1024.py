@@ -4,6 +4,7 @@ each verb with the run's index (``reader.index``) and without it, against the pa
     python scripts/make_tiny_model.py /tmp/tiny
     SGLANG_PHASETRACE_DIR=/tmp/runs PYTHONPATH=sitecustomize_hooks python scripts/start_engine.py /tmp/tiny --tp 2
     python scripts/bench_viewers_1024.py /tmp/runs/<run id> [--ranks 1024] [--copies 10] [--repeat 3] [--before REF]
+    python scripts/bench_viewers_1024.py /tmp/runs/<run id> --shared-bench ../shared/bench   # the figure of record
 
 The real run's rank journals (and status files) are cloned to ``--ranks`` ranks, alternating its
 ranks as templates, with each span below the rank root repeated ``--copies`` times (fresh span ids,
@@ -142,14 +143,27 @@ def floor_s(run: Path, repeat: int) -> float:
     )
 
 
+def subreaper() -> None:
+    """Orphans of the verbs (a split read's helper, which a viewer leaves to end on its own) become
+    this process's children, so that their CPU seconds are counted with the verb's (Linux)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
 def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Wall seconds, and CPU seconds of the verb's own process (and what it waited for: not a split
-    read's child, which a viewer leaves to exit on its own): on a shared machine the CPU time says
-    what the verb costs when the wall time says mostly who else ran."""
+    """Wall seconds, and CPU seconds of the verb's processes, its helper included (``subreaper``):
+    on a shared machine the CPU time says what the verb costs when the wall time says mostly who
+    else ran."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     tic = time.perf_counter()
     done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False, env=env)
     seconds = time.perf_counter() - tic
+    while True:  # the verb's helper, ending on its own once the verb is gone
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode not in (0, 3, 4):
         raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.decode()[-2000:]}")
@@ -187,6 +201,12 @@ def main() -> int:
     parser.add_argument("--copies", type=int, default=10, help="times each span below the rank root appears (< 15)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds; the best of each verb is shown")
     parser.add_argument("--keep", type=Path, help="build the clone here and keep it (for profiling)")
+    parser.add_argument(
+        "--shared-bench",
+        type=Path,
+        metavar="DIR",
+        help="clone with DIR/make_big_run.py (../shared/bench: the figure of record, heartbeats kept) instead",
+    )
     parser.add_argument("--before", metavar="REF", help="also time the code at this git ref, alternating with this")
     parser.add_argument(
         "--verbs",
@@ -195,13 +215,19 @@ def main() -> int:
         default=[v for v in VERBS if v != "bundle"],  # minutes: it redacts every journal line (``--verbs bundle``)
     )
     args = parser.parse_args()
+    subreaper()
     phasetrace = str(Path(sys.executable).with_name("phasetrace"))
     # as a pip install has it: bytecode written once (``PYTHONDONTWRITEBYTECODE`` dropped), no index setting
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "SGLANG_PHASETRACE_INDEX")}
     plain_env = {**env, "SGLANG_PHASETRACE_INDEX": "0"}
     with tempfile.TemporaryDirectory(prefix="phasetrace-1024-") as tmp:
         run = args.keep or Path(tmp) / "run"
-        if not (run / "journal").is_dir():
+        if not (run / "journal").is_dir() and args.shared_bench:
+            make = args.shared_bench / "make_big_run.py"
+            subprocess.run(
+                [sys.executable, str(make), str(args.source), str(run), str(args.ranks), str(args.copies)], check=True
+            )
+        elif not (run / "journal").is_dir():
             clone(args.source, run, args.ranks, args.copies)
         out = Path(tmp) / "out"
         out.mkdir()
@@ -241,7 +267,7 @@ def main() -> int:
         floor = min(floors)
         rounds = ", ".join(f"{f:.2f}" for f in floors)
         print(f"floor (orjson, line by line, one process): {floor:.2f} s (each round: {rounds})")
-        print("wall seconds, best of the rounds (cpu: the verb's own process in that run)")
+        print(f"wall seconds, best of the rounds (cpu: the verb's processes in that run); load {os.getloadavg()}")
         for side in sides:
             print(f"-- {side}" + (f" ({args.before})" if side == "before" else " (this checkout)"))
             head = f"{'verb':<17} {'indexed':>8} {'cpu':>5} {'/ floor':>8} {'/ 1 s':>6}"
