@@ -18,6 +18,11 @@ from .. import keys
 from ..reader.forked_helper import job
 from ..verdicts.diagnose import Finding
 from .jsonout import LONG, dumps, list_items
+
+try:
+    from orjson import dumps as _fast  # a span id: always a str orjson takes (``dumps`` is its fallback)
+except ImportError:  # pragma: no cover - depends on the environment
+    _fast = dumps
 from .lane_jobs import Held, lanes_held, resolve
 from .lanes import OPEN_ATTR, Bar, Lane, Layout
 from .verdict import Marks, marks
@@ -212,7 +217,7 @@ def lane_spans(lane: Lane, arg: tuple[dict[str, str], str, dict[str, str], dict[
     flags = Marks(*arg)
     process_id = f"p{lane.index + 1}"
     pid_json, texts, tags_of, ok_span, child_of = dumps(process_id), _TEXTS, _tags_bytes, _OK_SPAN, _CHILD_OF
-    ok_head, ok_tail = _OK_HEAD, _OK_TAIL
+    ok_head, ok_tail, fast = _OK_HEAD, _OK_TAIL, _fast
     flagged = flags.culprit.keys() | flags.waiting_for.keys() | flags.waits_on.keys()
     groups: dict[str, list[bytes]] = {}
     trace, items, trace_json, refs = None, [], b"", {}  # refs: id(parent bar) -> its reference, in this trace
@@ -236,16 +241,10 @@ def lane_spans(lane: Lane, arg: tuple[dict[str, str], str, dict[str, str], dict[
         tags = tags_of.get(aid) if aid >= 0 else None
         if tags is None:
             tags = _tags_json(s.attrs, aid)
-        fields = (
-            trace_json,
-            dumps(bar.uid),
-            texts[s.name],
-            ref,
-            start // 1000,
-            (end - start) // 1000 if end > start else 0,
-        )
+        took = (end - start) // 1000 if end > start else 0
         if len(tags) < LONG:
-            items.append(ok_span % (*fields, tags, pid_json))
+            items.append(ok_span % (trace_json, fast(bar.uid), texts[s.name], ref, start // 1000, took, tags, pid_json))
         else:  # written from its one copy (``files.Gathered``)
-            items.append((ok_head % fields, tags, ok_tail % pid_json))
+            head = ok_head % (trace_json, fast(bar.uid), texts[s.name], ref, start // 1000, took)
+            items.append((head, tags, ok_tail % pid_json))
     return [(trace, list_items(items)) for trace, items in groups.items()]
