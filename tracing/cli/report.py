@@ -29,15 +29,21 @@ def against_history(run_dirs: list[str]) -> str:
     against the earlier starts of its launch, from its base directory's history or the fleet's
     (``$SGLANG_PHASETRACE_HISTORY``); "" without one. A history that cannot be read costs the report
     only this section (one line on stderr)."""
+    from ..history import where as places
+
+    try:
+        where = places.of_run_dir(Path(run_dirs[0]))
+        if where is None or (isinstance(where, Path) and not where.exists()):
+            return ""  # no history: nothing more imported (the store, SQLite: 60 ms)
+    except places.HistoryError as exc:
+        print(printable(f"{PREFIX} report: history: {exc}; the report is made without it"), file=sys.stderr)
+        return ""
     from ..history import fingerprint, store
     from ..history.baseline import against
     from ..history.measure import measure
     from ..render.history_html import Against, section
 
     try:
-        where = store.of_run_dir(Path(run_dirs[0]))
-        if where is None or (isinstance(where, Path) and not where.exists()):
-            return ""
         run = open_run(*run_dirs)
         fp = fingerprint.of_run(run)
         if fp is None:
