@@ -88,9 +88,11 @@ def build_parser(verbs: list[Command]) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
+    """Run one verb; ``exiting``: the process ends next (``console``), so what the verb read is kept
+    (``keep``) rather than freed. A caller that goes on (a test) has it freed on return: a detached
+    index writer waits for the view to close its descriptor."""
     argv = sys.argv[1:] if argv is None else argv
-    _KEPT.clear()  # what the previous call kept (``keep``)
     try:
         parser = build_parser(commands(argv[0] if argv else None))
         args, extra = parser.parse_known_args(argv)
@@ -117,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     finally:
+        if not exiting:
+            _KEPT.clear()
         gc.enable()
 
 
@@ -127,7 +131,7 @@ VIEWERS = frozenset({"status", "timeline", "compare", "report", "export", "bundl
 def console() -> None:
     """The ``phasetrace`` command. A viewer exits without freeing what it read (a 1024-rank run:
     half a second of deallocation), as mypy does: its output flushed, its files already closed."""
-    code = main()
+    code = main(exiting=True)
     if sys.argv[1:2] and sys.argv[1] in VIEWERS:
         for stream in (sys.stdout, sys.stderr):
             try:

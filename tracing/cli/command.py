@@ -154,7 +154,7 @@ _KEPT: list[object] = []
 def keep(obj: _T) -> _T:
     """``obj``, held until the process exits: a viewer's run and layout (at 1024 ranks, 267 k spans
     and as many bars) are not freed on the way out of its verb (70-80 ms), ``console`` ends the
-    process without freeing anything. ``main`` lets the previous call's go (tests call it in turn)."""
+    process without freeing anything. ``main`` frees them unless the process exits next."""
     _KEPT.append(obj)
     return obj
 

@@ -9,7 +9,7 @@ import os
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from itertools import repeat
 from operator import attrgetter
@@ -154,14 +154,21 @@ def _write_index(view: RunView) -> None:
         weakref.finalize(view, os.close, fd)
 
 
-def index_run(paths: list[Path], allow_serving: bool = False, wait_s: float = 0.0) -> list[Path]:
+def index_run(
+    paths: list[Path], allow_serving: bool = False, wait_s: float = 0.0, held: Sequence[int] = ()
+) -> list[Path]:
     """Read the run (its index where usable) and write its index once the run has ended (waiting
     up to ``wait_s`` for its processes to end), or, with ``allow_serving``, while it serves; the
-    paths written. The read is not ``final``: the index is right for live and final readers alike."""
+    paths written. The read is not ``final``: the index is right for live and final readers alike.
+    ``held``: the run's lock (``index.hold``), let go before waiting for its end: a viewer waits
+    for a writer at work, not for a launch to end."""
     view = refresh_parallel(RunView(*paths), final=False, write=False, alone=True)
     deadline = time.monotonic() + wait_s
     # a launcher's ranks end a moment after it; a launch_server's ranks learn within a beat that it serves
     while not (index.finished(view) or (allow_serving and index.serving(view))) and time.monotonic() < deadline:
+        for fd in held:
+            os.close(fd)
+        held = ()
         time.sleep(0.5)
         view.refresh(final=False)
     done = index.finished(view)
@@ -548,14 +555,15 @@ def _main(argv: list[str] | None = None) -> int:
     if args.wait_fd is not None:
         select.select([args.wait_fd], [], [], index.WAIT_S)
         os.close(args.wait_fd)
-    if index.hold(args.run_dirs) is None:  # another writer is at work on it
+    held = index.hold(args.run_dirs)
+    if held is None:  # another writer is at work on it
         return 0
     try:
         os.nice(10)
     except OSError:
         pass
     signal.alarm(index.WRITE_LIMIT_S)
-    index_run(args.run_dirs, args.serving, index.ENDED_WAIT_S)
+    index_run(args.run_dirs, args.serving, index.ENDED_WAIT_S, held)
     return 0
 
 
