@@ -24,7 +24,7 @@ import pytest
 from conftest import HOOKS, PLANTS, SCRIPTS, Ran, kill_group, requires_sglang
 from sglang_phasetrace.tracing import process_state
 from sglang_phasetrace.tracing.cli import main
-from sglang_phasetrace.tracing.history import History, keeper, live, record, store, where
+from sglang_phasetrace.tracing.history import History, keeper, live, record, store, transfer, where
 from sglang_phasetrace.tracing.history.where import Dsn, HistoryError
 from sglang_phasetrace.tracing.reader.load import load_run
 from test_history import _start_until, fresh_state, synthetic, warnings_of  # noqa: F401  (fresh_state: autouse)
@@ -140,8 +140,9 @@ def test_a_slow_start_is_flagged_against_its_history_through_the_cli(
 
 
 def test_an_old_schema_is_migrated_and_read_meanwhile(backend: Path | Dsn, tmp_path: Path) -> None:
-    """A database at schema 1 (before ``starts_by_host`` and ``starts_detailed``): read as it is,
-    migrated by the next writer (both steps)."""
+    """A database at schema 1 (before ``starts_by_host``, ``starts_detailed`` and ``launch_usuals``):
+    read as it is (the watchdog's read worked out from the phases), migrated by the next writer
+    (every step), which keeps its launch's row."""
     if isinstance(backend, Dsn):
         import psycopg
 
@@ -161,16 +162,68 @@ def test_an_old_schema_is_migrated_and_read_meanwhile(backend: Path | Dsn, tmp_p
         con.close()
         backend.chmod(0o600)
     with History.open(backend) as history:
-        assert history.launches() == []
-    assert record(load_run(synthetic(tmp_path / "r", 0)), backend) is not None
+        assert history.launches() == [] and history.fleet("0123456789ab") == store.Fleet()
+    done = record(load_run(synthetic(tmp_path / "r", 0)), backend)
+    assert done is not None
     with History.open(backend) as history:
-        assert history.db is not None and history.db.version() == store.SCHEMA == 3
+        assert history.db is not None and history.db.version() == store.SCHEMA == 4
         index = (
             "SELECT count(*) FROM pg_indexes WHERE indexname IN ('starts_by_host', 'starts_detailed')"
             if isinstance(backend, Dsn)
             else "SELECT count(*) FROM sqlite_master WHERE name IN ('starts_by_host', 'starts_detailed')"
         )
         assert history._query(index)[0][0] == 2
+        assert history._kept(done.fingerprint.id) is not None
+
+
+def test_the_watchdogs_read_from_the_kept_row_is_the_read_from_the_phases(
+    backend: Path | Dsn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``History.fleet`` reads the row its writers keep per launch (``launch_usuals``) and the host's
+    own newest starts beside it; the answer is the one worked out from the phases, after recordings
+    on two hosts, a start recorded again, retention, an import, and with the start in progress
+    left out (then worked out)."""
+    monkeypatch.setattr(store, "USUAL_STARTS", 4)  # the host's newest starts reach past the fleet's newest
+    monkeypatch.setattr(store, "HOST_STARTS", 3)
+    fid = None
+    for i in range(8):
+        host = "pod-b" if i in (1, 6) else "pod-a"
+        run = on_host(synthetic(tmp_path / f"r{i}", i, slow_rank=1 if host == "pod-b" else None), host)
+        done = record(load_run(run), backend)
+        assert done is not None
+        fid = done.fingerprint.id
+    assert record(load_run(tmp_path / "r6"), backend) is not None  # recorded again: replaced
+
+    def same(history: History, exclude: frozenset[str] = frozenset()) -> None:
+        for host in (None, "pod-a", "pod-b", "pod-c"):
+            got = history.fleet(fid, exclude, host)
+            assert got == history._worked_out(fid, exclude, host), host
+            assert got.usuals and got.seconds
+
+    with History.open(backend) as history:
+        assert history._kept(fid) is not None
+        same(history)
+        same(history, frozenset({"r7"}))  # the newest: not in the row, worked out
+        same(history, frozenset({"r1"}))  # pod-b's oldest: only among its own newest
+        assert len(history.fleet(fid, host="pod-b").seconds["model.weights_iterator"]["pod-b"]) == 2
+    monkeypatch.setattr(store, "OVERALL_EVERY", 1)
+    monkeypatch.setattr(store, "KEEP_ALL", 3)
+    monkeypatch.setattr(store, "FLEET_KEEP", (50, 3, 2000))
+    other = record(load_run(synthetic(tmp_path / "o", 20, ranks=3)), backend)  # another launch: r0-r5 dropped
+    assert other is not None and other.fingerprint.id != fid
+    with History.open(backend) as history:
+        assert [s.run_id for s in history.starts()] == ["o", "r7", "r6"]
+        assert history._kept(fid)[0] == {"r6", "r7"} and history._kept(other.fingerprint.id) is not None
+        same(history)
+    lines = tmp_path / "h.jsonl"
+    with History.open(backend) as history:
+        transfer.write_lines(transfer.documents(history), lines)
+    copy = tmp_path / "copy" / "history.sqlite"
+    copy.parent.mkdir(mode=0o700)
+    assert transfer.load(transfer.read_lines(lines), copy) == 3
+    with History.open(copy) as history:
+        assert history._kept(fid) is not None
+        same(history)
 
 
 def test_a_newer_schema_is_refused_with_one_line(dsn: Dsn, tmp_path: Path, caplog) -> None:
@@ -446,8 +499,6 @@ def test_a_fresh_pods_first_start_says_usually_from_the_fleets_postgresql(
     (the same bytes) — starts tp=2 with rank 1 stalled in ``attention.init`` (``tests/plants``): its
     verdict says how long that phase usually takes, read from PostgreSQL, and the start is recorded
     there at that first verdict. One SGLang start."""
-    from sglang_phasetrace.tracing.history import transfer
-
     dsn = Dsn(pg.create("fleetreal"))
     assert engine_run.run_dir is not None
     done = record(load_run(engine_run.run_dir), dsn)
