@@ -103,7 +103,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 3: retention finds the starts that still keep their per-process detail without reading them all
     ("CREATE INDEX starts_detailed ON starts (started) WHERE labels IS NOT NULL",),
     # 4: the watchdog's one read of a launch as its writers last worked it out (``_keep_usuals``): one row
-    ("CREATE TABLE launch_usuals (fingerprint TEXT PRIMARY KEY, body {blob} NOT NULL){without_rowid}",),
+    (
+        "CREATE TABLE launch_usuals (fingerprint TEXT PRIMARY KEY, body {blob} NOT NULL, times {blob} NOT NULL)"
+        "{without_rowid}",
+    ),
 )
 assert len(MIGRATIONS) == SCHEMA
 _TYPES = {
@@ -128,7 +131,7 @@ def _upsert(table: str, columns: str, key: str) -> str:
 _PUT_FINGERPRINT = _upsert("fingerprints", "id, summary, fields", "id")
 _PUT_START = _upsert("starts", _START_COLUMNS, "run_id")
 _PUT_PHASE = _upsert("phases", _PHASE_COLUMNS, "run_id, phase")
-_PUT_USUALS = _upsert("launch_usuals", "fingerprint, body", "fingerprint")
+_PUT_USUALS = _upsert("launch_usuals", "fingerprint, body, times", "fingerprint")
 
 
 class Db:
@@ -441,18 +444,23 @@ def _keep_usuals(db: Db, fids: Iterable[str]) -> None:
         if not values:
             db.run("DELETE FROM launch_usuals WHERE fingerprint = ?", (fid,))
             continue
-        seconds: dict[str, dict[str, list[float]]] = {}
-        for phase, got in values.items():
-            per = seconds[phase] = {}
+        runs = sorted({(v[1], v[0], v[7]) for got in values.values() for v in got})  # (started, run id, host)
+        column = {run_id: i for i, (_, run_id, _) in enumerate(runs)}
+        # each phase's ended times, one per start in ``runs``' order (NaN: open or not run), as float64 LE
+        times = array.array("d", [math.nan]) * (len(values) * len(runs))
+        for k, got in enumerate(values.values()):
             for v in got:
                 if not v[3]:
-                    per.setdefault(v[7], []).append(v[2])
+                    times[k * len(runs) + column[v[0]]] = v[2]
+        if sys.byteorder != "little":
+            times.byteswap()
         body = {
-            "runs": sorted({v[0] for got in values.values() for v in got}),
+            "runs": [run_id for _, run_id, _ in runs],
+            "hosts": [host for _, _, host in runs],
+            "phases": list(values),
             "usuals": [[getattr(u, f.name) for f in fields(Usual)] for u in _usuals(values).values()],
-            "seconds": seconds,
         }
-        db.run(_PUT_USUALS, (fid, zlib.compress(json.dumps(body, separators=(",", ":")).encode(), 1)))
+        db.run(_PUT_USUALS, (fid, zlib.compress(json.dumps(body).encode(), 1), times.tobytes()))
 
 
 def _overall_turn() -> bool:
@@ -886,12 +894,23 @@ class History:
         """The launch's row kept by its writers: its run ids, usual times and per-host times."""
         if self.version < 4:
             return None
-        rows = self._query("SELECT body FROM launch_usuals WHERE fingerprint = ?", (fid,))
+        rows = self._query("SELECT body, times FROM launch_usuals WHERE fingerprint = ?", (fid,))
         if not rows:
             return None
         body = json.loads(zlib.decompress(rows[0][0]))
+        times = array.array("d")
+        times.frombytes(rows[0][1])
+        if sys.byteorder != "little":
+            times.byteswap()
         usuals = {row[0]: Usual(*row) for row in body["usuals"]}
-        return set(body["runs"]), usuals, body["seconds"]
+        hosts, width, flat = body["hosts"], len(body["runs"]), times.tolist()
+        seconds: dict[str, dict[str, list[float]]] = {}
+        for k, phase in enumerate(body["phases"]):
+            per = seconds[phase] = {}
+            for host, t in zip(hosts, flat[k * width : (k + 1) * width], strict=True):
+                if t == t:  # not NaN: ended in that start
+                    per.setdefault(host, []).append(t)
+        return set(body["runs"]), usuals, seconds
 
     def _worked_out(self, fid: str, exclude: Collection[str], host: str | None) -> Fleet:
         """``fleet`` from the phases of the launch's newest starts (≈ 3600 rows at 60 phases)."""
