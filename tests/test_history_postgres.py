@@ -2,8 +2,9 @@
 PostgreSQL 15 server each module starts (``pg_server``: initdb/pg_ctl in a temporary directory, as
 ``nobody`` when run as root, on a loopback port, password authentication) and stops. The same
 tests run on both backends where both must behave alike (``backend``). Synthetic runs
-(``test_history.synthetic``) for what needs many starts, hosts or a failing database; one real
-traced start (``sglang``) on a fresh "pod" that reads "usually" from PostgreSQL.
+(``test_history.synthetic``) for what needs many starts, hosts or a failing database; two real
+traced starts (``sglang``): a fresh "pod" that reads "usually" from PostgreSQL, and a start whose
+database is stopped while it loads its weights.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pg_server
 import pytest
-from conftest import HOOKS, PLANTS, SCRIPTS, Ran, kill_group, requires_sglang
+from conftest import HOOKS, PLANTS, SCRIPTS, Ran, hook_env, kill_group, read_journal, requires_sglang
 from sglang_phasetrace.tracing import process_state
 from sglang_phasetrace.tracing.cli import main
 from sglang_phasetrace.tracing.history import History, keeper, live, record, store, transfer, where
@@ -447,6 +448,96 @@ def test_the_database_stopped_mid_start_costs_one_line_and_the_start_goes_on(
     said = warnings_of(caplog)
     assert len(said) == 1 and f"127.0.0.1:{pg.port}" in said[0] and "not recorded" in said[0], said
     assert pg.password not in said[0]
+
+
+def _sessions(pg: pg_server.Server, db: str) -> int:
+    """Sessions the server has seen on ``db`` (each reader's and writer's connection is one)."""
+    import psycopg
+
+    with psycopg.connect(pg.dsn(), autocommit=True) as con:
+        return con.execute("SELECT sessions FROM pg_stat_database WHERE datname = %s", (db,)).fetchone()[0]
+
+
+def _loading(base: Path) -> bool:
+    """A rank of the start under ``base`` has begun ``model.load_weights`` (its journal says so)."""
+    for journal in base.glob("*/journal/*.jsonl"):
+        for line in journal.read_text(errors="replace").splitlines():
+            if '"model.load_weights"' in line and '"begin"' in line:
+                return True
+    return False
+
+
+@requires_sglang
+@pytest.mark.sglang
+def test_the_database_stopped_during_a_real_start_costs_one_line_and_the_start_serves(
+    pg: pg_server.Server, tiny_model: tuple[Path, Path], engine_run: Ran, tmp_path: Path
+) -> None:
+    """A real traced tp=2 start (each rank busy 20 s in weight loading: ``PLANT_BUSY_LOAD_S``, slow,
+    never stuck) whose launcher reads its launch's earlier start (the suite's shared one) from
+    PostgreSQL; the server is stopped once that read is made and the ranks are loading. The start
+    serves (it generates), its journals are whole, one warning line names the database's host and
+    port (never the password) and says the start is not recorded; the keeper keeps nothing for a
+    later start, so with the server back the history holds the earlier start only: this one is
+    lost, and said so. One SGLang start, bounded at 6 min; the server is started again whatever fails."""
+    name = "stoppedreal"
+    dsn = Dsn(pg.create(name))
+    assert engine_run.run_dir is not None
+    earlier = record(load_run(engine_run.run_dir), dsn)
+    assert earlier is not None
+    for _ in range(40):  # the recording's one session, counted once its backend has exited
+        if _sessions(pg, name) == 1:
+            break
+        time.sleep(0.25)
+    assert _sessions(pg, name) == 1
+    base = tmp_path / "runs"
+    base.mkdir()
+    env = {
+        where.ENV_HISTORY: dsn.conninfo,
+        "PYTHONPATH": os.pathsep.join((str(HOOKS), str(PLANTS))),
+        "PLANT_BUSY_LOAD_S": "20",
+    }
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, str(SCRIPTS / "start_engine.py"), str(tiny_model[0]), "--tp", "2"],
+            env=hook_env(base, env),
+            cwd=base,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+    stopped = False
+    try:
+        deadline = time.monotonic() + 180
+        read = loading = False
+        while not (read and loading):  # the launcher's watchdog has read the database; the ranks load
+            assert proc.poll() is None, (tmp_path / "err").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the start neither read the database nor loaded in 180 s"
+            read = read or _sessions(pg, name) > 1
+            loading = loading or _loading(base)
+            time.sleep(0.5)
+        pg.ctl("stop")
+        stopped = True
+        assert proc.wait(timeout=180) == 0, (tmp_path / "err").read_text()[-3000:]
+    finally:
+        kill_group(proc.pid)
+        if stopped:
+            pg.ctl("start")
+    assert "generated 4 tokens" in (tmp_path / "out").read_text()
+    (run,) = [p for p in base.iterdir() if (p / "journal").is_dir()]
+    for journal in (run / "journal").iterdir():
+        assert read_journal(journal)[1] == [], journal
+    prepared = store.prepare(load_run(run))
+    assert prepared is not None and prepared.measured.outcome == "ready"
+    assert prepared.fingerprint.id == earlier.fingerprint.id  # the launch the watchdog read
+    text = (tmp_path / "err").read_text()
+    # SGLang's logging puts its time before the launcher's lines: ours is found where it is
+    said = [line for line in text.splitlines() if "sglang-phasetrace: history:" in line]
+    assert len(said) == 1, (said, text[-3000:])
+    assert f"the database at 127.0.0.1:{pg.port} cannot be used" in said[0], said
+    assert "this start is not recorded" in said[0], said
+    assert pg.password not in text and pg.password not in (tmp_path / "out").read_text()
+    with History.open(dsn) as history:  # the server back: the stopped start is not there
+        assert [s.run_id for s in history.starts()] == [earlier.run_id]
 
 
 # -- export / import ----------------------------------------------------------------------------------------------

@@ -21,6 +21,11 @@ Schema (``PRAGMA user_version`` = ``SCHEMA``)::
            min_s, slowest, per_rank)                   the median and fastest, who was slowest, and
                                                        per_rank: zlib(float32 LE, one per label, NaN
                                                        where that process did not run it)
+    launch_usuals(fingerprint, body, times)            what the watchdog reads of a launch, kept by its
+                                                       writers (``_keep_usuals``): body: zlib(JSON: its
+                                                       newest starts, their hosts, its phases, their
+                                                       usual times); times: float64 LE, a row per phase,
+                                                       a column per start (NaN: open, or not run)
 
 Retention: the newest ``KEEP_PER_FINGERPRINT`` starts of each fingerprint and ``KEEP_ALL`` overall;
 the per-process detail (``labels``, ``per_rank``) of the newest ``KEEP_DETAIL`` only (at 1024 ranks
