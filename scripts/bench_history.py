@@ -18,8 +18,9 @@ A fleet's history: ``--fleet`` starts (200 of each launch, 60 phases each, sprea
 in SQLite and in PostgreSQL (``--dsn``, or ``--postgres``: a server of its own on loopback, as the
 tests start one: ``tests/pg_server.py``). Printed, best and median of ``--repeat`` with the load
 average beside them: what the launcher pays, all of it off the start's path — the watchdog's one
-read of its launch's usual times, per phase and per host (``history.live.fleet``, with the cache dropped: once per process), and the keeper
-recording a start as it ends (``store.put``: upsert and retention).
+read of its launch's usual times, per phase and per host (``history.live.fleet``, with the cache
+dropped: once per process; the launch's kept row, made as the history is filled), and the keeper
+recording a start as it ends (``store.put``: upsert, retention, the launch's kept row).
 """
 
 from __future__ import annotations
