@@ -16,10 +16,11 @@ earlier starts are those in the source run's base directory (``history.sqlite`` 
 
 A fleet's history: ``--fleet`` starts (200 of each launch, 60 phases each, spread over 64 hosts)
 in SQLite and in PostgreSQL (``--dsn``, or ``--postgres``: a server of its own on loopback, as the
-tests start one: ``tests/pg_server.py``). Printed, best of ``--repeat``: what the launcher pays,
-all of it off the start's path — the watchdog's one read of its launch's usual times, per phase
-and per host (``history.live.fleet``, with the cache dropped: once per process), and the keeper
-recording a start as it ends (``store.put``: upsert and retention).
+tests start one: ``tests/pg_server.py``). Printed, best and median of ``--repeat`` with the load
+average beside them: what the launcher pays, all of it off the start's path — the watchdog's one
+read of its launch's usual times, per phase and per host (``history.live.fleet``, with the cache
+dropped: once per process; the launch's kept row, made as the history is filled), and the keeper
+recording a start as it ends (``store.put``: upsert, retention, the launch's kept row).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -38,12 +40,27 @@ from bench_viewers_1024 import clone
 
 
 def best(fn, repeat: int) -> tuple[float, object]:
+    times, got = timed(fn, repeat)
+    return min(times), got
+
+
+def timed(fn, repeat: int) -> tuple[list[float], object]:
+    """Each of ``repeat`` calls' seconds, and the last answer."""
     times, got = [], None
     for _ in range(repeat):
         tic = time.perf_counter()
         got = fn()
         times.append(time.perf_counter() - tic)
-    return min(times), got
+    return times, got
+
+
+def spread(times: list[float]) -> str:
+    """``best 4.1 ms, median 4.6 ms`` (of ``n``), with the load average the figures were taken at."""
+    load = os.getloadavg()[0]
+    return (
+        f"best {min(times) * 1e3:.1f} ms, median {statistics.median(times) * 1e3:.1f} ms of {len(times)} "
+        f"(load {load:.2f})"
+    )
 
 
 def main() -> int:
@@ -216,16 +233,15 @@ def fleet(args: argparse.Namespace) -> int:
                 store.forget()
                 return live.fleet(fid, where, host="node00")
 
-            read_s, got = best(read, args.repeat)
-            put_s, _ = best(
+            reads, got = timed(read, args.repeat)
+            puts, _ = timed(
                 lambda where=where: _put(store, Measured, where, out, fp, rows, t0 + args.fleet), args.repeat
             )
             phases = len(got.usuals)
             hosts = len({h for per in got.seconds.values() for h in per})
             print(
                 f"{name}: {args.fleet} starts ({fill_s:.0f} s to fill); the watchdog's read of its launch "
-                f"({phases} phases, {hosts} hosts): {read_s * 1e3:.1f} ms; recording a start: "
-                f"{put_s * 1e3:.1f} ms"
+                f"({phases} phases, {hosts} hosts): {spread(reads)}; recording a start: {spread(puts)}"
             )
     finally:
         if server is not None:

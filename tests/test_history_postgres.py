@@ -2,8 +2,9 @@
 PostgreSQL 15 server each module starts (``pg_server``: initdb/pg_ctl in a temporary directory, as
 ``nobody`` when run as root, on a loopback port, password authentication) and stops. The same
 tests run on both backends where both must behave alike (``backend``). Synthetic runs
-(``test_history.synthetic``) for what needs many starts, hosts or a failing database; one real
-traced start (``sglang``) on a fresh "pod" that reads "usually" from PostgreSQL.
+(``test_history.synthetic``) for what needs many starts, hosts or a failing database; two real
+traced starts (``sglang``): a fresh "pod" that reads "usually" from PostgreSQL, and a start whose
+database is stopped while it loads its weights.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from pathlib import Path
 
 import pg_server
 import pytest
-from conftest import HOOKS, PLANTS, SCRIPTS, Ran, kill_group, requires_sglang
+from conftest import HOOKS, PLANTS, SCRIPTS, Ran, hook_env, kill_group, read_journal, requires_sglang
 from sglang_phasetrace.tracing import process_state
 from sglang_phasetrace.tracing.cli import main
-from sglang_phasetrace.tracing.history import History, keeper, live, record, store, where
+from sglang_phasetrace.tracing.history import History, keeper, live, record, store, transfer, where
 from sglang_phasetrace.tracing.history.where import Dsn, HistoryError
 from sglang_phasetrace.tracing.reader.load import load_run
 from test_history import _start_until, fresh_state, synthetic, warnings_of  # noqa: F401  (fresh_state: autouse)
@@ -140,8 +141,9 @@ def test_a_slow_start_is_flagged_against_its_history_through_the_cli(
 
 
 def test_an_old_schema_is_migrated_and_read_meanwhile(backend: Path | Dsn, tmp_path: Path) -> None:
-    """A database at schema 1 (before ``starts_by_host`` and ``starts_detailed``): read as it is,
-    migrated by the next writer (both steps)."""
+    """A database at schema 1 (before ``starts_by_host``, ``starts_detailed`` and ``launch_usuals``):
+    read as it is (the watchdog's read worked out from the phases), migrated by the next writer
+    (every step), which keeps its launch's row."""
     if isinstance(backend, Dsn):
         import psycopg
 
@@ -161,16 +163,68 @@ def test_an_old_schema_is_migrated_and_read_meanwhile(backend: Path | Dsn, tmp_p
         con.close()
         backend.chmod(0o600)
     with History.open(backend) as history:
-        assert history.launches() == []
-    assert record(load_run(synthetic(tmp_path / "r", 0)), backend) is not None
+        assert history.launches() == [] and history.fleet("0123456789ab") == store.Fleet()
+    done = record(load_run(synthetic(tmp_path / "r", 0)), backend)
+    assert done is not None
     with History.open(backend) as history:
-        assert history.db is not None and history.db.version() == store.SCHEMA == 3
+        assert history.db is not None and history.db.version() == store.SCHEMA == 4
         index = (
             "SELECT count(*) FROM pg_indexes WHERE indexname IN ('starts_by_host', 'starts_detailed')"
             if isinstance(backend, Dsn)
             else "SELECT count(*) FROM sqlite_master WHERE name IN ('starts_by_host', 'starts_detailed')"
         )
         assert history._query(index)[0][0] == 2
+        assert history._kept(done.fingerprint.id) is not None
+
+
+def test_the_watchdogs_read_from_the_kept_row_is_the_read_from_the_phases(
+    backend: Path | Dsn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``History.fleet`` reads the row its writers keep per launch (``launch_usuals``) and the host's
+    own newest starts beside it; the answer is the one worked out from the phases, after recordings
+    on two hosts, a start recorded again, retention, an import, and with the start in progress
+    left out (then worked out)."""
+    monkeypatch.setattr(store, "USUAL_STARTS", 4)  # the host's newest starts reach past the fleet's newest
+    monkeypatch.setattr(store, "HOST_STARTS", 3)
+    fid = None
+    for i in range(8):
+        host = "pod-b" if i in (1, 6) else "pod-a"
+        run = on_host(synthetic(tmp_path / f"r{i}", i, slow_rank=1 if host == "pod-b" else None), host)
+        done = record(load_run(run), backend)
+        assert done is not None
+        fid = done.fingerprint.id
+    assert record(load_run(tmp_path / "r6"), backend) is not None  # recorded again: replaced
+
+    def same(history: History, exclude: frozenset[str] = frozenset()) -> None:
+        for host in (None, "pod-a", "pod-b", "pod-c"):
+            got = history.fleet(fid, exclude, host)
+            assert got == history._worked_out(fid, exclude, host), host
+            assert got.usuals and got.seconds
+
+    with History.open(backend) as history:
+        assert history._kept(fid) is not None
+        same(history)
+        same(history, frozenset({"r7"}))  # the newest: not in the row, worked out
+        same(history, frozenset({"r1"}))  # pod-b's oldest: only among its own newest
+        assert len(history.fleet(fid, host="pod-b").seconds["model.weights_iterator"]["pod-b"]) == 2
+    monkeypatch.setattr(store, "OVERALL_EVERY", 1)
+    monkeypatch.setattr(store, "KEEP_ALL", 3)
+    monkeypatch.setattr(store, "FLEET_KEEP", (50, 3, 2000))
+    other = record(load_run(synthetic(tmp_path / "o", 20, ranks=3)), backend)  # another launch: r0-r5 dropped
+    assert other is not None and other.fingerprint.id != fid
+    with History.open(backend) as history:
+        assert [s.run_id for s in history.starts()] == ["o", "r7", "r6"]
+        assert history._kept(fid)[0] == {"r6", "r7"} and history._kept(other.fingerprint.id) is not None
+        same(history)
+    lines = tmp_path / "h.jsonl"
+    with History.open(backend) as history:
+        transfer.write_lines(transfer.documents(history), lines)
+    copy = tmp_path / "copy" / "history.sqlite"
+    copy.parent.mkdir(mode=0o700)
+    assert transfer.load(transfer.read_lines(lines), copy) == 3
+    with History.open(copy) as history:
+        assert history._kept(fid) is not None
+        same(history)
 
 
 def test_a_newer_schema_is_refused_with_one_line(dsn: Dsn, tmp_path: Path, caplog) -> None:
@@ -396,6 +450,96 @@ def test_the_database_stopped_mid_start_costs_one_line_and_the_start_goes_on(
     assert pg.password not in said[0]
 
 
+def _sessions(pg: pg_server.Server, db: str) -> int:
+    """Sessions the server has seen on ``db`` (each reader's and writer's connection is one)."""
+    import psycopg
+
+    with psycopg.connect(pg.dsn(), autocommit=True) as con:
+        return con.execute("SELECT sessions FROM pg_stat_database WHERE datname = %s", (db,)).fetchone()[0]
+
+
+def _loading(base: Path) -> bool:
+    """A rank of the start under ``base`` has begun ``model.load_weights`` (its journal says so)."""
+    for journal in base.glob("*/journal/*.jsonl"):
+        for line in journal.read_text(errors="replace").splitlines():
+            if '"model.load_weights"' in line and '"begin"' in line:
+                return True
+    return False
+
+
+@requires_sglang
+@pytest.mark.sglang
+def test_the_database_stopped_during_a_real_start_costs_one_line_and_the_start_serves(
+    pg: pg_server.Server, tiny_model: tuple[Path, Path], engine_run: Ran, tmp_path: Path
+) -> None:
+    """A real traced tp=2 start (each rank busy 20 s in weight loading: ``PLANT_BUSY_LOAD_S``, slow,
+    never stuck) whose launcher reads its launch's earlier start (the suite's shared one) from
+    PostgreSQL; the server is stopped once that read is made and the ranks are loading. The start
+    serves (it generates), its journals are whole, one warning line names the database's host and
+    port (never the password) and says the start is not recorded; the keeper keeps nothing for a
+    later start, so with the server back the history holds the earlier start only: this one is
+    lost, and said so. One SGLang start, bounded at 6 min; the server is started again whatever fails."""
+    name = "stoppedreal"
+    dsn = Dsn(pg.create(name))
+    assert engine_run.run_dir is not None
+    earlier = record(load_run(engine_run.run_dir), dsn)
+    assert earlier is not None
+    for _ in range(40):  # the recording's one session, counted once its backend has exited
+        if _sessions(pg, name) == 1:
+            break
+        time.sleep(0.25)
+    assert _sessions(pg, name) == 1
+    base = tmp_path / "runs"
+    base.mkdir()
+    env = {
+        where.ENV_HISTORY: dsn.conninfo,
+        "PYTHONPATH": os.pathsep.join((str(HOOKS), str(PLANTS))),
+        "PLANT_BUSY_LOAD_S": "20",
+    }
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, str(SCRIPTS / "start_engine.py"), str(tiny_model[0]), "--tp", "2"],
+            env=hook_env(base, env),
+            cwd=base,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+    stopped = False
+    try:
+        deadline = time.monotonic() + 180
+        read = loading = False
+        while not (read and loading):  # the launcher's watchdog has read the database; the ranks load
+            assert proc.poll() is None, (tmp_path / "err").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the start neither read the database nor loaded in 180 s"
+            read = read or _sessions(pg, name) > 1
+            loading = loading or _loading(base)
+            time.sleep(0.5)
+        pg.ctl("stop")
+        stopped = True
+        assert proc.wait(timeout=180) == 0, (tmp_path / "err").read_text()[-3000:]
+    finally:
+        kill_group(proc.pid)
+        if stopped:
+            pg.ctl("start")
+    assert "generated 4 tokens" in (tmp_path / "out").read_text()
+    (run,) = [p for p in base.iterdir() if (p / "journal").is_dir()]
+    for journal in (run / "journal").iterdir():
+        assert read_journal(journal)[1] == [], journal
+    prepared = store.prepare(load_run(run))
+    assert prepared is not None and prepared.measured.outcome == "ready"
+    assert prepared.fingerprint.id == earlier.fingerprint.id  # the launch the watchdog read
+    text = (tmp_path / "err").read_text()
+    # SGLang's logging puts its time before the launcher's lines: ours is found where it is
+    said = [line for line in text.splitlines() if "sglang-phasetrace: history:" in line]
+    assert len(said) == 1, (said, text[-3000:])
+    assert f"the database at 127.0.0.1:{pg.port} cannot be used" in said[0], said
+    assert "this start is not recorded" in said[0], said
+    assert pg.password not in text and pg.password not in (tmp_path / "out").read_text()
+    with History.open(dsn) as history:  # the server back: the stopped start is not there
+        assert [s.run_id for s in history.starts()] == [earlier.run_id]
+
+
 # -- export / import ----------------------------------------------------------------------------------------------
 
 
@@ -446,8 +590,6 @@ def test_a_fresh_pods_first_start_says_usually_from_the_fleets_postgresql(
     (the same bytes) — starts tp=2 with rank 1 stalled in ``attention.init`` (``tests/plants``): its
     verdict says how long that phase usually takes, read from PostgreSQL, and the start is recorded
     there at that first verdict. One SGLang start."""
-    from sglang_phasetrace.tracing.history import transfer
-
     dsn = Dsn(pg.create("fleetreal"))
     assert engine_run.run_dir is not None
     done = record(load_run(engine_run.run_dir), dsn)

@@ -21,6 +21,11 @@ Schema (``PRAGMA user_version`` = ``SCHEMA``)::
            min_s, slowest, per_rank)                   the median and fastest, who was slowest, and
                                                        per_rank: zlib(float32 LE, one per label, NaN
                                                        where that process did not run it)
+    launch_usuals(fingerprint, body, times)            what the watchdog reads of a launch, kept by its
+                                                       writers (``_keep_usuals``): body: zlib(JSON: its
+                                                       newest starts, their hosts, its phases, their
+                                                       usual times); times: float64 LE, a row per phase,
+                                                       a column per start (NaN: open, or not run)
 
 Retention: the newest ``KEEP_PER_FINGERPRINT`` starts of each fingerprint and ``KEEP_ALL`` overall;
 the per-process detail (``labels``, ``per_rank``) of the newest ``KEEP_DETAIL`` only (at 1024 ranks
@@ -45,7 +50,7 @@ import threading
 import time
 import zlib
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -71,7 +76,7 @@ __all__ = [
     "record",
 ]
 
-SCHEMA = 3
+SCHEMA = 4
 KEEP_PER_FINGERPRINT, KEEP_ALL, KEEP_DETAIL = 50, 2000, 200  # one host's SQLite
 FLEET_KEEP = (1000, 100_000, 2000)  # a fleet's PostgreSQL: many hosts' starts of one launch, per host
 USUAL_STARTS = 50  # the newest starts of a fingerprint its usual times are taken from (SQLite keeps 50)
@@ -102,6 +107,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ("CREATE INDEX starts_by_host ON starts (fingerprint, host, started)",),  # 2: ``history --by host``
     # 3: retention finds the starts that still keep their per-process detail without reading them all
     ("CREATE INDEX starts_detailed ON starts (started) WHERE labels IS NOT NULL",),
+    # 4: the watchdog's one read of a launch as its writers last worked it out (``_keep_usuals``): one row
+    (
+        "CREATE TABLE launch_usuals (fingerprint TEXT PRIMARY KEY, body {blob} NOT NULL, times {blob} NOT NULL)"
+        "{without_rowid}",
+    ),
 )
 assert len(MIGRATIONS) == SCHEMA
 _TYPES = {
@@ -126,6 +136,7 @@ def _upsert(table: str, columns: str, key: str) -> str:
 _PUT_FINGERPRINT = _upsert("fingerprints", "id, summary, fields", "id")
 _PUT_START = _upsert("starts", _START_COLUMNS, "run_id")
 _PUT_PHASE = _upsert("phases", _PHASE_COLUMNS, "run_id, phase")
+_PUT_USUALS = _upsert("launch_usuals", "fingerprint, body, times", "fingerprint")
 
 
 class Db:
@@ -316,7 +327,7 @@ def put(prepared: Prepared, where: Path | Dsn) -> Recorded:
         try:
             db.begin()
             _insert(db, fp, m)
-            _retain(db, fp.id)
+            _keep_usuals(db, {fp.id, *_retain(db, fp.id)})
             db.run("COMMIT")
         except BaseException:
             db.rollback()
@@ -404,8 +415,9 @@ def _insert(db: Db, fp: Fingerprint, m: Measured) -> None:
         db.many(_PUT_PHASE, rows)
 
 
-def _retain(db: Db, fid: str) -> None:
-    """Drop the oldest starts past the limits, and the per-process detail past the newest few."""
+def _retain(db: Db, fid: str) -> set[str]:
+    """Drop the oldest starts past the limits, and the per-process detail past the newest few; the
+    other fingerprints whose starts were dropped (their usual times are worked out again)."""
     per_fingerprint, overall, detail = db.keep()
     old = [run_id for (run_id,) in db.q(_OLDEST_OF, (fid, ALL, per_fingerprint))]
     for run_id in old:
@@ -413,14 +425,47 @@ def _retain(db: Db, fid: str) -> None:
     # the whole history counted at one recording in ``OVERALL_EVERY`` (a count reads every start's
     # index entry: 5 ms at 100 000), so it may pass its limit by a few dozen starts in between
     excess = db.q("SELECT count(*) FROM starts")[0][0] - overall if _overall_turn() else 0
-    for (run_id,) in db.q(_OLDEST, (excess,)) if excess > 0 else ():
+    others = set()
+    for run_id, of in db.q(_OLDEST, (excess,)) if excess > 0 else ():
         _drop(db, run_id)
         old.append(run_id)
+        others.add(of)
     if old:
         db.run("DELETE FROM fingerprints WHERE id NOT IN (SELECT fingerprint FROM starts)")
     for (run_id,) in db.q(_DETAILED, (ALL, detail)):
         db.run("UPDATE phases SET per_rank = NULL WHERE run_id = ?", (run_id,))
         db.run("UPDATE starts SET labels = NULL WHERE run_id = ?", (run_id,))
+    return others
+
+
+def _keep_usuals(db: Db, fids: Iterable[str]) -> None:
+    """Work out again, in the writer's transaction, what the watchdog reads of each launch (its
+    newest ``USUAL_STARTS`` starts' usual times and per-host times: ``History.fleet``) and keep it as
+    one row, so that the read is that row, not their thousands of phase rows; a launch whose starts
+    are all gone loses its row."""
+    history = History(db.where, db)
+    for fid in fids:
+        values = history._values(fid, ())
+        if not values:
+            db.run("DELETE FROM launch_usuals WHERE fingerprint = ?", (fid,))
+            continue
+        runs = sorted({(v[1], v[0], v[7]) for got in values.values() for v in got})  # (started, run id, host)
+        column = {run_id: i for i, (_, run_id, _) in enumerate(runs)}
+        # each phase's ended times, one per start in ``runs``' order (NaN: open or not run), as float64 LE
+        times = array.array("d", [math.nan]) * (len(values) * len(runs))
+        for k, got in enumerate(values.values()):
+            for v in got:
+                if not v[3]:
+                    times[k * len(runs) + column[v[0]]] = v[2]
+        if sys.byteorder != "little":
+            times.byteswap()
+        body = {
+            "runs": [run_id for _, run_id, _ in runs],
+            "hosts": [host for _, _, host in runs],
+            "phases": list(values),
+            "usuals": [[getattr(u, f.name) for f in fields(Usual)] for u in _usuals(values).values()],
+        }
+        db.run(_PUT_USUALS, (fid, zlib.compress(json.dumps(body).encode(), 1), times.tobytes()))
 
 
 def _overall_turn() -> bool:
@@ -434,8 +479,14 @@ def _drop(db: Db, run_id: str) -> None:
 
 
 _OLDEST_OF = "SELECT run_id FROM starts WHERE fingerprint = ? ORDER BY started DESC LIMIT ? OFFSET ?"
-_OLDEST = "SELECT run_id FROM starts ORDER BY started LIMIT ?"
+_OLDEST = "SELECT run_id, fingerprint FROM starts ORDER BY started LIMIT ?"
 _DETAILED = "SELECT run_id FROM starts WHERE labels IS NOT NULL ORDER BY started DESC LIMIT ? OFFSET ?"
+# a host's newest starts of a launch, their phases' times (oldest first, as ``History._values`` orders them)
+_HOST_TIMES = (
+    "SELECT s.run_id, p.phase, p.max_s, p.open FROM (SELECT run_id, started FROM starts "
+    "WHERE fingerprint = ? AND host = ? ORDER BY started DESC LIMIT ?) s "
+    "JOIN phases p ON p.run_id = s.run_id ORDER BY s.started, s.run_id"
+)
 
 
 # -- opening ---------------------------------------------------------------------------------------
@@ -667,8 +718,9 @@ class Fleet:
 class History:
     """The history read back (read-only: a reader never writes, nor creates the file or tables)."""
 
-    def __init__(self, path: Path | Dsn, db: Db | None) -> None:
+    def __init__(self, path: Path | Dsn, db: Db | None, version: int = SCHEMA) -> None:
         self.path, self.db = path, db  # None: an empty history (a new file, no tables yet)
+        self.version = version  # its schema's: an older one is read as it is
 
     @classmethod
     def open(cls, where: str | Path | Dsn) -> History:
@@ -724,7 +776,7 @@ class History:
         if version == 0:
             db.close()
             return cls(db.where, None)
-        return cls(db.where, db)
+        return cls(db.where, db, version)
 
     @property
     def con(self) -> Any:
@@ -826,7 +878,47 @@ class History:
     def fleet(self, fid: str, exclude: Collection[str] = (), host: str | None = None) -> Fleet:
         """The fingerprint's ``usuals`` (its newest ``USUAL_STARTS`` starts), and each phase's times
         per host in them and in ``host``'s newest ``HOST_STARTS`` (what ``history.hosts`` judges
-        that host by, on demand): what the watchdog reads once per process."""
+        that host by, on demand): what the watchdog reads once per process. Read from the row its
+        writers keep (``_keep_usuals``) and ``host``'s newest starts not in it (their times only);
+        worked out from the phases themselves where there is no such row (an older schema, a launch
+        not recorded since the upgrade) or it holds a start left out (the one in progress)."""
+        kept = self._kept(fid)
+        if kept is None or not kept[0].isdisjoint(exclude):
+            return self._worked_out(fid, exclude, host)
+        runs, usuals, seconds = kept
+        if host is not None:
+            for run_id, phase, max_s, is_open in self._query(_HOST_TIMES, (fid, host, HOST_STARTS)):
+                if run_id in exclude:
+                    continue
+                per = seconds.setdefault(phase, {})
+                if not is_open and run_id not in runs:
+                    per.setdefault(host, []).append(max_s)
+        return Fleet(usuals, seconds)
+
+    def _kept(self, fid: str) -> tuple[set[str], dict[str, Usual], dict[str, dict[str, list[float]]]] | None:
+        """The launch's row kept by its writers: its run ids, usual times and per-host times."""
+        if self.version < 4:
+            return None
+        rows = self._query("SELECT body, times FROM launch_usuals WHERE fingerprint = ?", (fid,))
+        if not rows:
+            return None
+        body = json.loads(zlib.decompress(rows[0][0]))
+        times = array.array("d")
+        times.frombytes(rows[0][1])
+        if sys.byteorder != "little":
+            times.byteswap()
+        usuals = {row[0]: Usual(*row) for row in body["usuals"]}
+        hosts, width, flat = body["hosts"], len(body["runs"]), times.tolist()
+        seconds: dict[str, dict[str, list[float]]] = {}
+        for k, phase in enumerate(body["phases"]):
+            per = seconds[phase] = {}
+            for host, t in zip(hosts, flat[k * width : (k + 1) * width], strict=True):
+                if t == t:  # not NaN: ended in that start
+                    per.setdefault(host, []).append(t)
+        return set(body["runs"]), usuals, seconds
+
+    def _worked_out(self, fid: str, exclude: Collection[str], host: str | None) -> Fleet:
+        """``fleet`` from the phases of the launch's newest starts (≈ 3600 rows at 60 phases)."""
         values = self._values(fid, exclude)
         seen = {v[0] for got in values.values() for v in got}
         mine = self._values(fid, exclude, HOST_STARTS, host) if host is not None else {}

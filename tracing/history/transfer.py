@@ -21,6 +21,7 @@ from .store import (
     Db,
     History,
     _db_error,
+    _keep_usuals,
     connect,
 )
 from .where import Dsn, HistoryError
@@ -127,6 +128,8 @@ def _put(db: Db, batch: list[dict[str, Any]]) -> int:
             rows = [_row(p, PHASE) for p in doc["phases"]]
             if rows:
                 db.many(_PUT_PHASE, rows)
+        # what the watchdog reads of their launches, kept as a recording keeps it, in the same transaction
+        _keep_usuals(db, {doc["fingerprint"]["id"] for doc in batch})
         db.run("COMMIT")
     except HistoryError:
         db.rollback()
