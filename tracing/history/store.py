@@ -392,8 +392,6 @@ def _insert(db: Db, fp: Fingerprint, m: Measured) -> None:
         per = array.array("f", [math.nan]) * len(labels)
         for label, seconds in row.per_rank.items():
             per[index[label]] = seconds
-        if sys.byteorder != "little":
-            per.byteswap()
         rows.append(
             (
                 m.run_id,
@@ -408,7 +406,7 @@ def _insert(db: Db, fp: Fingerprint, m: Measured) -> None:
                 row.median,
                 row.min,
                 row.slowest,
-                zlib.compress(per.tobytes(), 1),
+                zlib.compress(_little(per), 1),
             )
         )
     if rows:
@@ -457,15 +455,31 @@ def _keep_usuals(db: Db, fids: Iterable[str]) -> None:
             for v in got:
                 if not v[3]:
                     times[k * len(runs) + column[v[0]]] = v[2]
-        if sys.byteorder != "little":
-            times.byteswap()
         body = {
             "runs": [run_id for _, run_id, _ in runs],
             "hosts": [host for _, _, host in runs],
             "phases": list(values),
             "usuals": [[getattr(u, f.name) for f in fields(Usual)] for u in _usuals(values).values()],
         }
-        db.run(_PUT_USUALS, (fid, zlib.compress(json.dumps(body).encode(), 1), times.tobytes()))
+        db.run(_PUT_USUALS, (fid, zlib.compress(json.dumps(body).encode(), 1), _little(times)))
+
+
+def _little(values: array.array) -> bytes:
+    """``values`` as stored: little-endian, whichever host wrote them (a fleet's hosts may differ)."""
+    if sys.byteorder == "little":
+        return values.tobytes()
+    swapped = array.array(values.typecode, values)
+    swapped.byteswap()
+    return swapped.tobytes()
+
+
+def _from_little(typecode: str, data: bytes) -> array.array:
+    """What ``_little`` stored, in this host's order."""
+    values = array.array(typecode)
+    values.frombytes(data)
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values
 
 
 def _overall_turn() -> bool:
@@ -903,10 +917,7 @@ class History:
         if not rows:
             return None
         body = json.loads(zlib.decompress(rows[0][0]))
-        times = array.array("d")
-        times.frombytes(rows[0][1])
-        if sys.byteorder != "little":
-            times.byteswap()
+        times = _from_little("d", rows[0][1])
         usuals = {row[0]: Usual(*row) for row in body["usuals"]}
         hosts, width, flat = body["hosts"], len(body["runs"]), times.tolist()
         seconds: dict[str, dict[str, list[float]]] = {}
