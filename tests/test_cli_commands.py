@@ -88,6 +88,27 @@ def test_help_lists_every_verb_and_exit_codes(capsys: pytest.CaptureFixture[str]
         assert code == 0 and "phasetrace" in out and "usage:" in out
 
 
+def test_a_viewer_that_exits_next_leaves_the_collector_off(
+    runs: dict[str, SyntheticRun], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A viewer turns Python's cycle collector off while it reads (one large graph without cycles).
+    Where the process exits next (``console``) it stays off: turned on again, the next allocation
+    would scan everything the verb made (0.1 s at 1024 ranks) just before the exit. A caller that
+    goes on (a test, a library) has it on again."""
+    import gc
+
+    path = str(runs["ok"].path)
+    assert gc.isenabled()
+    try:
+        assert main(["timeline", path], exiting=True) == 0
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        command_module._KEPT.clear()
+    assert run_cli(capsys, "timeline", path)[0] == 0
+    assert gc.isenabled()
+
+
 def test_bad_usage_and_bad_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert (
         run_cli(

@@ -120,6 +120,43 @@ def test_otlp_json_shape(run_dir: Path, tmp_path: Path) -> None:
     assert len({s["spanId"] for s in spans}) == len(spans)
 
 
+@pytest.mark.parametrize("long", [False, True])
+@pytest.mark.parametrize("how", ["served", "stalled", "failed"])
+def test_spans_written_from_a_template_are_the_bytes_of_their_whole_form(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str, long: bool
+) -> None:
+    """Jaeger and OTLP JSON format most spans in place (ended well: with events or not; ``long``:
+    every value counted long, kept as one shared piece); each is, byte for byte, ``dumps`` of the
+    span's whole form, which the rest (open, failed, flagged) are written as."""
+    from sglang_phasetrace.tracing.render import jaeger, otlp_json
+    from sglang_phasetrace.tracing.render.jsonout import dumps
+    from sglang_phasetrace.tracing.render.lanes import layout
+    from sglang_phasetrace.tracing.render.verdict import marks
+    from sglang_phasetrace.tracing.verdicts.findings import findings
+
+    if long:
+        monkeypatch.setattr(jaeger, "LONG", 0)
+        monkeypatch.setattr(otlp_json, "LONG", 0)
+    rank = {"served": {}, "stalled": {"stalled_rank": 1}, "failed": {"failed_rank": 1}}[how]
+    lay = layout(load_run(build_run(tmp_path / "run", ranks=3, spans=60, **rank).path))
+    flags = marks(lay, findings(lay.run, lay.end))
+    arg = (flags.culprit, flags.word, flags.waiting_for, flags.waits_on)
+    bars = [bar for lane in lay.lanes for bar in lane.bars]
+    shards = any(bar.span.events and bar.span.status == "ok" for bar in bars)  # a template of their own
+    assert shards if how != "stalled" else flags.culprit  # stalled before its weights
+    for lane in lay.lanes:
+        whole: dict[str, list[bytes]] = {}
+        for bar in lane.bars:
+            whole.setdefault(bar.span.trace_id, []).append(dumps(jaeger._span(bar, f"p{lane.index + 1}", flags)))
+        made = [(trace, bytes(chunk)) for trace, chunk in jaeger.lane_spans(lane, arg)]
+        assert made == [(trace, b",".join(spans)) for trace, spans in whole.items()]
+        ((_, item),) = otlp_json.lane_resource_spans(lane, arg)
+        resource = json.loads(bytes(item))["resource"]
+        spans = [otlp_json._span(bar, flags) for bar in lane.bars]
+        scope = {"scope": otlp_json.SCOPE, "spans": spans}
+        assert bytes(item) == dumps({"resource": resource, "scopeSpans": [scope]})
+
+
 # -- a real collector ----------------------------------------------------------------------------------
 
 

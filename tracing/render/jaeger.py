@@ -91,6 +91,7 @@ _OK_SPAN = (
     b'"duration":%d,"tags":%b,"logs":[],"processID":%b,"warnings":null}'
 )
 _CHILD_OF = b'[{"refType":"CHILD_OF","traceID":%b,"spanID":%b}]'
+_LOGGED_SPAN = _OK_SPAN.replace(b'"logs":[]', b'"logs":%b')  # one that ended well with events (shard loads)
 _OK_HEAD, _, _OK_TAIL = _OK_SPAN.partition(b'%b,"logs"')  # around long tags (``jsonout.list_items``)
 _OK_TAIL = b',"logs"' + _OK_TAIL
 
@@ -123,8 +124,20 @@ def _tags_json(attrs: dict[str, Any], attrs_id: int) -> bytes:
 _tags_bytes: dict[int, bytes] = {}  # ``Bar.attrs_id`` (never reused) -> its tags' JSON
 
 
+def _logs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A span's events as Jaeger logs."""
+    return [
+        {
+            "timestamp": e["t"] // 1000,
+            "fields": [tag("event", e.get("name") or "event"), *(tag(k, v) for k, v in (e.get("attrs") or {}).items())],
+        }
+        for e in events
+    ]
+
+
 def _span(bar: Bar, process_id: str, flags: Marks) -> dict[str, Any]:
-    """A span that needs more than its attributes as tags (open, failed, flagged, with events)."""
+    """A span's whole form: those that need more than their attributes as tags (open, failed,
+    flagged) are written as it; ``lane_spans`` formats the others' bytes in place."""
     s = bar.span
     tags = list(_attr_tags(s.attrs, None, bar.attrs_id))
     verdict = flags.culprit.get(bar.uid)
@@ -143,13 +156,7 @@ def _span(bar: Bar, process_id: str, flags: Marks) -> dict[str, Any]:
     if bar.uid in flags.waiting_for:
         tags.append(tag(WAITING_ATTR, flags.waiting_for[bar.uid]))
     tags.extend(tag(k, v) for k, v in flags.waits_on.get(bar.uid, {}).items())
-    logs = [
-        {
-            "timestamp": e["t"] // 1000,
-            "fields": [tag("event", e.get("name") or "event"), *(tag(k, v) for k, v in (e.get("attrs") or {}).items())],
-        }
-        for e in s.events
-    ]
+    logs = _logs(s.events)
     if s.error:
         logs.append(
             {
@@ -227,8 +234,8 @@ def lane_spans(lane: Lane, arg: tuple[dict[str, str], str, dict[str, str], dict[
             trace = s.trace_id
             items = groups.setdefault(trace, [])
             trace_json, refs = texts[trace], {}
-        end = s.end
-        if s.status != "ok" or end is None or s.events or s.error or (flagged and bar.uid in flagged):
+        end, events = s.end, s.events
+        if s.status != "ok" or end is None or s.error or (flagged and bar.uid in flagged):
             items.append(dumps(_span(bar, process_id, flags)))
             continue
         aid, parent, start = bar.attrs_id, bar.parent, s.start
@@ -242,7 +249,14 @@ def lane_spans(lane: Lane, arg: tuple[dict[str, str], str, dict[str, str], dict[
         if tags is None:
             tags = _tags_json(s.attrs, aid)
         took = (end - start) // 1000 if end > start else 0
-        if len(tags) < LONG:
+        if events:
+            if len(tags) < LONG:
+                logs = dumps(_logs(events))
+                fields = (trace_json, fast(bar.uid), texts[s.name], ref, start // 1000, took, tags, logs, pid_json)
+                items.append(_LOGGED_SPAN % fields)
+            else:
+                items.append(dumps(_span(bar, process_id, flags)))
+        elif len(tags) < LONG:
             items.append(ok_span % (trace_json, fast(bar.uid), texts[s.name], ref, start // 1000, took, tags, pid_json))
         else:  # written from its one copy (``files.Gathered``)
             head = ok_head % (trace_json, fast(bar.uid), texts[s.name], ref, start // 1000, took)

@@ -174,7 +174,7 @@ def layout(run: RunView, now: int | None = None, depth: int | None = None, attrs
         for proc in procs
     ]
     part = Part.start(split, procs, untils, labels, trace_map, depth, attrs) if split is not None else None
-    work = _Work(trace_map, depth, attrs)
+    work = _Work(trace_map, depth, attrs, unique=split is not None)
     lanes: list[Lane] = []
     owned: list[dict[str, Bar]] = []
     elsewhere: list[tuple[Bar, str]] = []  # bars whose parent is in another process (rank roots)
@@ -198,12 +198,14 @@ def layout(run: RunView, now: int | None = None, depth: int | None = None, attrs
 class _Work:
     """One process's bars (``layout``), in whichever process holds its spans whole."""
 
-    def __init__(self, trace_map: dict[str, str], depth: int | None, attrs: bool) -> None:
+    def __init__(self, trace_map: dict[str, str], depth: int | None, attrs: bool, unique: bool = False) -> None:
         self.trace_map, self.depth, self.scrub = trace_map, depth, attrs
         # id(attrs as read) -> (attrs id, as shown, as read, a span name, its phase key): spans share
         # attrs objects (``bulk_decode._AttrsCache``), and their copies a name
         self.by_object: dict[int, tuple[int, dict[str, Any], dict[str, Any], str, str]] = {}
-        self.taken: set[str] = set()
+        # ids taken so far; None: the run's span ids are known to be unique and not empty (a split
+        # run: ``reader.load._split_ok``, or its index's check), each span keeps its own
+        self.taken: set[str] | None = None if unique else set()
 
     def bars(self, proc: ProcessRec, until: int, elsewhere: list[tuple[Bar, str]]) -> tuple[list[Bar], dict[str, Bar]]:
         """``proc``'s bars in start order and by span id; those whose parent is elsewhere go in ``elsewhere``."""
@@ -252,11 +254,11 @@ class _Work:
                 by_object[id(raw)] = (aid, attrs, raw, span.name, key)  # ``raw`` held: its id is not reused meanwhile
             if trace_map and span.trace_id in trace_map:
                 span.trace_id = trace_map[span.trace_id]
-            if sid and sid not in taken:
+            if taken is None:
                 uid = sid
             else:
-                uid = _rehash(sid, proc, taken)
-            taken.add(uid)
+                uid = sid if sid and sid not in taken else _rehash(sid, proc, taken)
+                taken.add(uid)
             parent = own.get(parent_id) if parent_id else None
             end = span.end if span.end is not None else max(until, span.start)
             if not scrub:  # a phase key per attrs object and name (spans share attrs: ``bulk_decode._AttrsCache``)
@@ -333,7 +335,7 @@ class Part:
 
 def part_lanes(procs: dict[str, ProcessRec], ctx: dict[str, Any]) -> list[Lane]:
     """The lanes of ``procs`` (the helper's processes, whole) as ``layout`` made them in one process."""
-    work = _Work(ctx["trace_map"], ctx["depth"], ctx["attrs"])
+    work = _Work(ctx["trace_map"], ctx["depth"], ctx["attrs"], unique=True)  # a split run's
     lanes, owned, elsewhere = [], {}, []
     for path, index, label, until in ctx["lanes"]:
         proc = procs[path]

@@ -83,6 +83,18 @@ def status(bar: Bar, verdict: str | None = None) -> dict[str, Any]:
     return {"code": STATUS_ERROR, "message": str(message)}
 
 
+def _events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A span's events as OTLP span events."""
+    return [
+        {
+            "timeUnixNano": str(e["t"]),
+            "name": str(e.get("name") or "event"),
+            "attributes": attributes(e.get("attrs") or {}),
+        }
+        for e in events
+    ]
+
+
 def _span(bar: Bar, flags: Marks) -> dict[str, Any]:
     s = bar.span
     attrs = dict(s.attrs)
@@ -94,14 +106,7 @@ def _span(bar: Bar, flags: Marks) -> dict[str, Any]:
     if bar.uid in flags.waiting_for:
         attrs[WAITING_ATTR] = flags.waiting_for[bar.uid]
     attrs.update(flags.waits_on.get(bar.uid, {}))
-    events = [
-        {
-            "timeUnixNano": str(e["t"]),
-            "name": str(e.get("name") or "event"),
-            "attributes": attributes(e.get("attrs") or {}),
-        }
-        for e in s.events
-    ]
+    events = _events(s.events)
     if s.error:
         events.append(
             {
@@ -175,7 +180,7 @@ def lane_resource_spans(lane: Lane, arg: tuple) -> list[tuple[int, bytes]]:
     for bar in lane.bars:
         s = bar.span
         end, aid = s.end, bar.attrs_id
-        if s.status != "ok" or end is None or s.events or s.error or aid < 0 or (flagged and bar.uid in flagged):
+        if s.status != "ok" or end is None or s.error or aid < 0 or (flagged and bar.uid in flagged):
             items.append(dumps(_span(bar, flags)))
             continue
         attrs = _ok_attrs.get(aid)
@@ -185,7 +190,8 @@ def lane_resource_spans(lane: Lane, arg: tuple) -> list[tuple[int, bytes]]:
             attrs = _ok_attrs[aid] = dumps(attributes(s.attrs))
         parent = bar.parent
         fields = (texts[s.trace_id], _fast(bar.uid), texts[s.name], s.start, end)
-        rest = _OK_TAIL % (b',"parentSpanId":%b' % _fast(parent.uid) if parent is not None else b"")
+        up = b',"parentSpanId":%b' % _fast(parent.uid) if parent is not None else b""
+        rest = _LOGGED_TAIL % (dumps(_events(s.events)), up) if s.events else _OK_TAIL % up  # shard loads
         items.append(_OK_SPAN % (*fields, attrs, rest) if len(attrs) < LONG else (_OK_HEAD % fields, attrs, rest))
     spans = list_items(items)
     head = head[: -len(_HEAD_END)] + b'"spans":['
@@ -201,5 +207,6 @@ _OK_SPAN = (
 )
 _OK_HEAD = _OK_SPAN.removesuffix(b"%b%b")  # before long attributes (``jsonout.list_items``)
 _OK_TAIL = b',"events":[],"status":{"code":1}%b}'
+_LOGGED_TAIL = _OK_TAIL.replace(b'"events":[]', b'"events":%b')
 
 _ok_attrs: dict[int, bytes] = {}  # ``Bar.attrs_id`` (never reused) -> its attributes' JSON
