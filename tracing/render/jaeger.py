@@ -91,9 +91,9 @@ _OK_SPAN = (
     b'"duration":%d,"tags":%b,"logs":[],"processID":%b,"warnings":null}'
 )
 _CHILD_OF = b'[{"refType":"CHILD_OF","traceID":%b,"spanID":%b}]'
-_LOGGED_SPAN = _OK_SPAN.replace(b'"logs":[]', b'"logs":%b')  # one that ended well with events (shard loads)
 _OK_HEAD, _, _OK_TAIL = _OK_SPAN.partition(b'%b,"logs"')  # around long tags (``jsonout.list_items``)
 _OK_TAIL = b',"logs"' + _OK_TAIL
+_LOGGED_TAIL = _OK_TAIL.replace(b'"logs":[]', b'"logs":%b')  # one that ended well with events (shard loads)
 
 
 class _Texts(dict):
@@ -249,13 +249,10 @@ def lane_spans(lane: Lane, arg: tuple[dict[str, str], str, dict[str, str], dict[
         if tags is None:
             tags = _tags_json(s.attrs, aid)
         took = (end - start) // 1000 if end > start else 0
-        if events:
-            if len(tags) < LONG:
-                logs = dumps(_logs(events))
-                fields = (trace_json, fast(bar.uid), texts[s.name], ref, start // 1000, took, tags, logs, pid_json)
-                items.append(_LOGGED_SPAN % fields)
-            else:
-                items.append(dumps(_span(bar, process_id, flags)))
+        if events:  # shard loads: their logs in the tail
+            head = ok_head % (trace_json, fast(bar.uid), texts[s.name], ref, start // 1000, took)
+            tail = _LOGGED_TAIL % (dumps(_logs(events)), pid_json)
+            items.append(head + tags + tail if len(tags) < LONG else (head, tags, tail))
         elif len(tags) < LONG:
             items.append(ok_span % (trace_json, fast(bar.uid), texts[s.name], ref, start // 1000, took, tags, pid_json))
         else:  # written from its one copy (``files.Gathered``)
